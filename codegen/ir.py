@@ -1,0 +1,57 @@
+"""The statements a group function is lowered to; each backend's printer prints them
+with one ``_print_<Statement>`` method per class (as SymPy's printers do for nodes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """``result = fn(argument)``, ``fn`` a SymPy expression in ``variable``."""
+
+    result: str
+    fn: sp.Expr
+    variable: sp.Symbol
+    argument: str
+
+
+@dataclass(frozen=True)
+class Contract:
+    """``result = einsum(spec, *operands)`` (two operands at most: a computed order)."""
+
+    result: str
+    spec: str
+    operands: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """``result = zeros(shape)`` in the dtype and device of the input."""
+
+    result: str
+    shape: tuple[sp.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Assign:
+    """``result = coeff * value`` (``value`` None: the constant ``coeff``)."""
+
+    result: str
+    value: str | None
+    coeff: sp.Expr
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    """``view(target) += coeff * value[broadcast]``; ``tie`` is an einsum spec such as
+    ``"bijj->bij"`` that selects the entries where tied indices are equal (None: all);
+    ``broadcast`` marks with None the axes that ``value`` lacks."""
+
+    target: str
+    tie: str | None
+    value: str | None
+    coeff: sp.Expr
+    broadcast: tuple[bool, ...] | None

@@ -1,0 +1,94 @@
+"""Backend printers: SymPy ``Printer`` subclasses, one ``_print_<Node>`` per node type.
+
+Scalar expressions (elementwise functions, coefficients in the sizes) print through
+SymPy's Python code printer with the array module's functions; the statements of
+:mod:`codegen.ir` print as one line of array code each.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy.printing.pycode import PythonCodePrinter
+
+from . import ir
+
+
+class ArrayPrinter(PythonCodePrinter):
+    """What numpy and torch code share; subclasses name the array module."""
+
+    module = ""
+
+    # -- scalar expressions ---------------------------------------------------------
+    def _call(self, function: str, expr: sp.Function) -> str:
+        return f"{self.module}.{function}({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_exp(self, expr: sp.Function) -> str:
+        return self._call("exp", expr)
+
+    def _print_log(self, expr: sp.Function) -> str:
+        return self._call("log", expr)
+
+    def _print_tanh(self, expr: sp.Function) -> str:
+        return self._call("tanh", expr)
+
+    def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
+        return self._hprint_Pow(expr, rational=rational, sqrt=f"{self.module}.sqrt")
+
+    def _print_Rational(self, expr: sp.Rational) -> str:
+        return f"{expr.p}/{expr.q}"
+
+    def _print_Half(self, expr: sp.Rational) -> str:
+        return self._print_Rational(expr)
+
+    # -- statements -----------------------------------------------------------------
+    def statement(self, node: object) -> str:
+        """One line of code for a statement of :mod:`codegen.ir`."""
+        return self._print(node)
+
+    def _print_Elementwise(self, node: ir.Elementwise) -> str:
+        body = node.fn.subs(node.variable, sp.Symbol(node.argument))
+        return f"{node.result} = {self._print(body)}"
+
+    def _print_Contract(self, node: ir.Contract) -> str:
+        return f'{node.result} = {self.module}.einsum("{node.spec}", {", ".join(node.operands)})'
+
+    def _print_Zeros(self, node: ir.Zeros) -> str:
+        shape = ", ".join(self._print(s) for s in node.shape)
+        return f"{node.result} = _zeros(ns, ({shape}{',' if len(node.shape) == 1 else ''}))"
+
+    def _scaled(self, value: str | None, coeff: sp.Expr) -> str:
+        if value is None:
+            return self._print(coeff)
+        if coeff == 1:
+            return value
+        if coeff == -1:
+            return f"-{value}"
+        return f"({self._print(coeff)}) * {value}"
+
+    def _print_Assign(self, node: ir.Assign) -> str:
+        return f"{node.result} = {self._scaled(node.value, node.coeff)}"
+
+    def _print_Accumulate(self, node: ir.Accumulate) -> str:
+        value = node.value
+        if value is not None and node.broadcast is not None:
+            value = f"{value}[{', '.join(':' if keep else 'None' for keep in node.broadcast)}]"
+        target = node.target if node.tie is None else f"{self.tied(node.target, node.tie)}[...]"
+        return f"{target} += {self._scaled(value, node.coeff)}"
+
+    def tied(self, target: str, spec: str) -> str:
+        raise NotImplementedError
+
+
+class NumpyPrinter(ArrayPrinter):
+    module = "np"
+
+    def tied(self, target: str, spec: str) -> str:
+        # numpy's einsum returns a writeable view for a pure diagonal selection
+        return f'np.einsum("{spec}", {target})'
+
+
+class TorchPrinter(ArrayPrinter):
+    module = "torch"
+
+    def tied(self, target: str, spec: str) -> str:
+        return f'_tied({target}, "{spec}")'

@@ -1,0 +1,123 @@
+"""The configuration schema (DESIGN.md §5): parsed from TOML as data, validated in full.
+
+A config is never evaluated; every value that reaches generated code is checked here
+against a closed set of choices (or, for ``name``, against the rules of a Python
+identifier).
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+CHOICES = {
+    "kind": ("block", "self_attention", "layernorm", "ffn"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_position": ("post", "pre"),
+    "activation": ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "softplus",
+                   "identity"),
+    "loss": ("mse", "cross_entropy"),
+}
+
+#: Options that mean something for each kind; the others must keep their defaults.
+APPLIES_TO = {
+    "norm": ("block", "layernorm"),
+    "norm_position": ("block",),
+    "eps": ("block", "layernorm"),
+    "affine": ("block", "layernorm"),
+    "heads": ("block", "self_attention"),
+    "causal": ("block", "self_attention"),
+    "out_proj": ("block", "self_attention"),
+    "activation": ("block", "ffn"),
+    "ffn_bias": ("block", "ffn"),
+}
+
+#: What the engine derives today; anything else is rejected with this message.
+SUPPORTED = {
+    "kind": ("layernorm",),
+    "loss": ("mse",),
+}
+
+
+class ConfigError(ValueError):
+    """A config entry that is unknown, mistyped or out of range."""
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "paper_block"
+    kind: str = "block"
+    norm: str = "layernorm"
+    norm_position: str = "post"
+    eps: float = 0.0
+    affine: bool = False
+    heads: int = 1
+    causal: bool = False
+    out_proj: bool = False
+    activation: str = "relu"
+    ffn_bias: bool = False
+    loss: str = "mse"
+
+
+def _check_type(key: str, value: object, default: object, source: str) -> None:
+    expected = type(default)
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ConfigError(f"{source}: '{key}' must be a {expected.__name__}, "
+                          f"got {value!r} ({type(value).__name__})")
+
+
+def validate(data: dict, source: str = "config") -> Config:
+    """A :class:`Config` from a TOML table, or :class:`ConfigError` naming the entry."""
+    known = {f.name: f.default for f in fields(Config)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key '{key}'; allowed keys: "
+                              + ", ".join(known))
+    if "name" not in data:
+        raise ConfigError(f"{source}: 'name' is required (a Python identifier, "
+                          "the module name under generated/)")
+    for key, value in data.items():
+        _check_type(key, value, known[key], source)
+    name = data["name"]
+    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise ConfigError(f"{source}: 'name' must be a Python identifier (letters, digits, "
+                          f"underscores, not starting with a digit, not a keyword), "
+                          f"got {name!r}")
+    for key, allowed in CHOICES.items():
+        if key in data and data[key] not in allowed:
+            raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}; "
+                              f"got {data[key]!r}")
+    eps = float(data.get("eps", 0.0))
+    if not math.isfinite(eps) or eps < 0:
+        raise ConfigError(f"{source}: 'eps' must be a finite number >= 0, got {eps!r}")
+    if data.get("heads", 1) < 1:
+        raise ConfigError(f"{source}: 'heads' must be >= 1, got {data['heads']!r}")
+    config = Config(**{**data, "eps": eps})
+    for key, kinds in APPLIES_TO.items():
+        if config.kind not in kinds and getattr(config, key) != known[key]:
+            raise ConfigError(f"{source}: '{key}' applies to kind {' or '.join(kinds)}, "
+                              f"not to kind '{config.kind}'; remove it")
+    for key, allowed in SUPPORTED.items():
+        if getattr(config, key) not in allowed:
+            raise ConfigError(f"{source}: {key} = '{getattr(config, key)}' is valid but not "
+                              f"derived yet; derived today: {', '.join(allowed)}")
+    return config
+
+
+def load(path: str | Path) -> Config:
+    """Parse and validate one TOML config file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file {str(path)!r}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return validate(data, str(path))

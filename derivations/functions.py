@@ -1,0 +1,42 @@
+"""Elementwise scalar functions and their derivatives, derived by SymPy.
+
+A :class:`ScalarFn` is a SymPy expression in the variable :data:`x`. Its derivatives are
+``sympy.diff`` of that expression, so every elementwise rule of the engine is SymPy's own.
+Functions that are not differentiable everywhere (ReLU) are differentiated almost
+everywhere: SymPy's ``DiracDelta`` terms, supported on a null set, are dropped, and
+``Heaviside(x)`` is read as the indicator ``x > 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+x = sp.Symbol("x", real=True)
+
+
+@dataclass(frozen=True)
+class ScalarFn:
+    """``expr`` as a function of :data:`x`; ``label`` names it in code and formulas."""
+
+    label: str
+    expr: sp.Expr
+
+    @property
+    def key(self) -> str:
+        return f"{self.label}:{sp.srepr(self.expr)}"
+
+    def diff(self) -> ScalarFn:
+        """The derivative, almost everywhere."""
+        derivative = sp.diff(self.expr, x).replace(sp.DiracDelta, lambda *args: sp.S.Zero)
+        return ScalarFn(self.label + "'", derivative)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.expr == 0
+
+
+def power(exponent: sp.Expr, shift: sp.Expr = 0, label: str = "pow") -> ScalarFn:
+    """``(x + shift) ** exponent``."""
+    return ScalarFn(label, (x + sp.nsimplify(shift)) ** exponent)

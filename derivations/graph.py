@@ -1,0 +1,166 @@
+"""Graphs of named tensors: declarations and assignments in index form.
+
+A :class:`Graph` holds the declared tensors (inputs, parameters, and every named node the
+calculus creates) and an ordered list of :class:`Assign` statements ``name[free] = expr``.
+Sublayers are written with a small operator syntax::
+
+    i, j = g.index(L), g.index(d)
+    mu = g.node("mu", (i,), (1 / d) * U[i, j])        # j is summed
+    C = g.node("C", (i, j), U[i, j] - mu[i])
+
+:meth:`Graph.bind` is where expressions stay small as they compose: a derived
+expression with several data terms becomes a named node, with the Kronecker deltas that
+all its terms share factored out (so a row-wise block-diagonal Jacobian is stored as one
+``L×d×d`` block per row and the tie between rows is kept as a delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .functions import ScalarFn
+from .indexform import Apply, Delta, Expr, Index, IndexPool, Ref, Term
+
+
+@dataclass
+class Tensor:
+    """A declared named tensor. ``batched`` tensors carry one slice per sample."""
+
+    name: str
+    indices: tuple[Index, ...]
+    batched: bool
+    role: str = "node"  # "input", "param", "node", "target", "direction"
+
+    @property
+    def shape(self) -> tuple[sp.Symbol, ...]:
+        return tuple(i.dim for i in self.indices)
+
+    def __getitem__(self, indices: Index | tuple[Index, ...]) -> Expr:
+        if isinstance(indices, Index):
+            indices = (indices,)
+        assert len(indices) == len(self.indices), f"{self.name} takes {len(self.indices)} indices"
+        return Expr([Term(sp.Integer(1), (Ref(self.name, tuple(indices)),))])
+
+    def apply(self, fn: ScalarFn, *indices: Index) -> Expr:
+        """``fn`` applied elementwise to this tensor, indexed by ``indices``."""
+        assert len(indices) == len(self.indices)
+        return Expr([Term(sp.Integer(1), (Apply(fn, self.name, tuple(indices)),))])
+
+
+@dataclass
+class Assign:
+    """``target[target.indices] = expr``; with ``mean_over_batch`` the per-sample
+    results are averaged over the batch."""
+
+    target: Tensor
+    expr: Expr
+    group: str
+    mean_over_batch: bool = False
+
+
+def delta(a: Index, b: Index) -> Expr:
+    return Expr([Term(sp.Integer(1), (Delta(a, b),))])
+
+
+class Graph:
+    """Declarations and assignments, with the index pool of one derivation."""
+
+    def __init__(self) -> None:
+        self.pool = IndexPool()
+        self.tensors: dict[str, Tensor] = {}
+        self.assigns: list[Assign] = []
+        self.current_group = "forward"
+
+    @contextmanager
+    def group(self, name: str) -> Iterator[None]:
+        """Assignments made inside belong to the group ``name`` (one generated function)."""
+        previous, self.current_group = self.current_group, name
+        try:
+            yield
+        finally:
+            self.current_group = previous
+
+    def in_group(self, name: str) -> list[Assign]:
+        return [a for a in self.assigns if a.group == name]
+
+    # -- declaring ---------------------------------------------------------------
+    def index(self, dim: sp.Symbol, hint: str = "i") -> Index:
+        return self.pool.fresh(dim, hint)
+
+    def declare(self, name: str, indices: tuple[Index, ...], batched: bool,
+                role: str = "node") -> Tensor:
+        assert name not in self.tensors, f"{name} declared twice"
+        tensor = Tensor(name, tuple(indices), batched, role)
+        self.tensors[name] = tensor
+        return tensor
+
+    def input(self, name: str, dims: tuple[sp.Symbol, ...], role: str = "input",
+              batched: bool = True) -> Tensor:
+        return self.declare(name, tuple(self.index(d, "a") for d in dims), batched, role)
+
+    def node(self, name: str, indices: tuple[Index, ...], expr: Expr) -> Tensor:
+        """Declare ``name[indices] = expr`` and append it to the assignments."""
+        expr = expr.with_free(tuple(indices))
+        tensor = self.declare(name, tuple(indices), self.is_batched(expr))
+        self.assigns.append(Assign(tensor, expr, self.current_group))
+        return tensor
+
+    def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:
+        """Declare ``name`` as a dense per-sample result (deltas written as index
+        broadcasts), or its average over the batch when ``mean_over_batch``."""
+        assert expr.free is not None
+        tensor = self.declare(name, expr.free, not mean_over_batch, role="output")
+        self.assigns.append(Assign(tensor, expr, self.current_group, mean_over_batch))
+        return tensor
+
+    # -- queries -----------------------------------------------------------------
+    def is_batched(self, expr: Expr) -> bool:
+        return any(self.tensors[n].batched for n in expr.names())
+
+    def term_is_batched(self, term: Term) -> bool:
+        return any(self.tensors[f.name].batched for f in term.data_factors)
+
+    # -- keeping expressions small -----------------------------------------------
+    def bind(self, name: str, expr: Expr, force: bool = False) -> Expr:
+        """``expr`` itself when it is cheap to carry inline (pure deltas and constants,
+        or one short product); otherwise a reference to a new named node ``name`` holding
+        it, times the deltas common to all its terms."""
+        assert expr.free is not None
+        if expr.is_zero:
+            return expr
+        data = [t.data_factors for t in expr.terms]
+        if not force and (all(not d for d in data)
+                          or (len(expr.terms) == 1 and len(data[0]) <= 3)):
+            return expr
+        common = set.intersection(*({frozenset(d.indices) for d in t.deltas}
+                                    for t in expr.terms))
+        order = {index: n for n, index in enumerate(expr.free)}
+        parent = {index: index for index in expr.free}
+
+        def find(index: Index) -> Index:
+            while parent[index] != index:
+                index = parent[index]
+            return index
+
+        for pair in sorted(common, key=lambda p: sorted(order[i] for i in p)):
+            a, b = sorted(pair, key=order.__getitem__)
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                first, second = sorted((ra, rb), key=order.__getitem__)
+                parent[second] = first
+        mapping = {index: find(index) for index in expr.free}
+        reduced = tuple(i for i in expr.free if mapping[i] == i)
+        terms = []
+        for term in expr.terms:
+            kept = tuple(f for f in term.factors
+                         if not (isinstance(f, Delta) and frozenset(f.indices) in common))
+            terms.append(Term(term.coeff, kept).renamed(mapping))
+        body = Expr(terms, reduced).simplified()
+        tensor = self.declare(name, reduced, self.is_batched(body))
+        self.assigns.append(Assign(tensor, body, self.current_group))
+        ties = tuple(Delta(mapping[i], i) for i in expr.free if mapping[i] != i)
+        return Expr([Term(sp.Integer(1), (Ref(name, reduced),) + ties)], expr.free)

@@ -1,0 +1,161 @@
+"""From a config to every derived quantity of the generated-module contract.
+
+:func:`derive` builds the forward graph of the configured sublayer and its loss, then
+derives, as groups of index-form assignments (each group becomes one generated function):
+
+``forward``                 the network's nodes, ending in the output ``Z`` (``L×d``);
+``loss``                    the per-sample loss ``ell``;
+``tangent_V``               ``d node / d V`` for every network node (forward mode);
+``jacobian_V``              ``∂Z/∂V`` as a dense array ``(L, d, *shape(V))``;
+``second_V_W``              ``∂²Z/∂V∂W``, dense ``(L, d, *shape(V), *shape(W))``;
+``loss_tangent_V``          tangents of the loss nodes;
+``adjoints``                ``∂ell/∂node`` for every node (reverse mode);
+``loss_hessian_V_W``        Gauss–Newton and functional parts of the loss Hessian block
+                            ``(*shape(V), *shape(W))``: the second-order adjoint method;
+``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
+
+Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from . import calculus, losses, normalization, sizes
+from .config import Config
+from .graph import Graph, Tensor
+from .indexform import Expr, Term
+from .normalization import Guard
+
+
+@dataclass
+class Group:
+    """One generated function: its assignments and the groups it reads from."""
+
+    name: str
+    requires: tuple[str, ...]
+    needs_target: bool = False
+
+
+@dataclass
+class Derivation:
+    config: Config
+    graph: Graph
+    X: Tensor
+    target: Tensor
+    output: Tensor
+    loss: Tensor
+    params: list[Tensor]
+    guards: list[Guard]
+    groups: dict[str, Group] = field(default_factory=dict)
+    jacobian: dict[str, str] = field(default_factory=dict)
+    output_hessian: dict[tuple[str, str], str] = field(default_factory=dict)
+    loss_hessian: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    hvp: dict[str, str] = field(default_factory=dict)
+    directions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def variables(self) -> list[Tensor]:
+        return [*self.params, self.X]
+
+    def add_group(self, name: str, requires: tuple[str, ...], needs_target: bool = False):
+        self.groups[name] = Group(name, requires, needs_target)
+        return self.graph.group(name)
+
+
+def _build_network(g: Graph, config: Config) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
+    X = g.input("X", (sizes.L, sizes.d))
+    if config.kind == "layernorm":
+        norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
+        return X, norm.output, norm.params, norm.guards
+    raise NotImplementedError(config.kind)
+
+
+def derive(config: Config) -> Derivation:
+    """Every group of assignments that the generated modules of ``config`` need."""
+    g = Graph()
+    with g.group("forward"):
+        X, Z, params, guards = _build_network(g, config)
+    target = g.input("T", (sizes.L, sizes.d), role="target")
+    with g.group("loss"):
+        ell = losses.mse(g, Z, target)
+    der = Derivation(config, g, X, target, Z, ell, params, guards)
+    der.groups["forward"] = Group("forward", ())
+    der.groups["loss"] = Group("loss", ("forward",), needs_target=True)
+    forward, loss = g.in_group("forward"), g.in_group("loss")
+
+    tangents: dict[str, calculus.Tangents] = {}
+    for var in der.variables:
+        v = var.name
+        with der.add_group(f"tangent_{v}", ("forward",)):
+            tangents[v] = calculus.propagate(g, forward, calculus.seed(g, var), v)
+        with der.add_group(f"jacobian_{v}", (f"tangent_{v}",)):
+            der.jacobian[v] = g.output(f"jacobian_{v}", _tangent_of(tangents[v], Z)).name
+        with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}"), True):
+            calculus.propagate(g, loss, tangents[v], v)
+
+    for first in der.variables:
+        for second in der.variables:
+            v, w = first.name, second.name
+            renamed = _second_direction(g, tangents[v], tangents[w], v == w)
+            with der.add_group(f"second_{v}_{w}", (f"tangent_{v}", f"tangent_{w}")):
+                both = calculus.propagate_second(g, forward, tangents[v], tangents[w],
+                                                 renamed, f"{v}{w}")
+                der.output_hessian[v, w] = g.output(f"output_hessian_{v}_{w}",
+                                                    _tangent_of(both, Z)).name
+
+    with der.add_group("adjoints", ("loss",), True):
+        seed = Expr([Term(sp.Integer(1))]).with_free(())
+        adjoints = calculus.propagate_adjoints(g, forward + loss, ell, seed)
+    adjoint_assigns = g.in_group("adjoints")
+
+    pairs = [(a, b) for n, a in enumerate(der.params) for b in der.params[n:]]
+    pairs.append((X, X))
+    for first, second in pairs:
+        v, w = first.name, second.name
+        renamed = _second_direction(g, tangents[v], tangents[w], v == w)
+        requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
+        mean = first is not X
+        with der.add_group(f"loss_hessian_{v}_{w}", requires, True):
+            for part, assigns in (("gauss_newton", loss), ("functional", forward)):
+                block = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],
+                                                     tangents[w], renamed)
+                der.loss_hessian[v, w, part] = g.output(
+                    f"{part}_{v}_{w}", block, mean_over_batch=mean).name
+
+    program = forward + loss + adjoint_assigns
+    for label, variables in (("params", der.params), ("X", [X])):
+        if not variables:
+            continue
+        with der.add_group(f"hvp_{label}", ("adjoints",), True):
+            directions = calculus.Tangents(())
+            for var in variables:
+                direction = g.input(f"v_{var.name}", var.shape, role="direction",
+                                    batched=var is X)
+                der.directions[var.name] = direction.name
+                directions.by_name[var.name] = direction[var.indices].with_free(var.indices)
+            calculus.propagate(g, program, directions, f"v{label}")
+            for var in variables:
+                gradient = adjoints[var.name]
+                hv = calculus.differentiate(g, gradient, directions)
+                der.hvp[var.name] = g.output(f"hvp_{var.name}", hv,
+                                             mean_over_batch=var is not X).name
+    return der
+
+
+def _tangent_of(tangents: calculus.Tangents, tensor: Tensor) -> Expr:
+    expr = tangents.by_name.get(tensor.name)
+    if expr is None:
+        return Expr([], tensor.indices + tangents.indices)
+    return expr
+
+
+def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,
+                      same: bool) -> dict:
+    """Index map for the second direction: fresh indices when both directions are the
+    same variable (so the two slots of a diagonal block stay distinct)."""
+    if not same:
+        return {i: i for i in second.indices}
+    return {i: g.index(i.dim, "q") for i in second.indices}

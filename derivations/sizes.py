@@ -1,0 +1,8 @@
+"""The size symbols of DESIGN.md §1: sequence length, widths, heads."""
+
+import sympy as sp
+
+L = sp.Symbol("L", positive=True, integer=True)
+d = sp.Symbol("d", positive=True, integer=True)
+d_k = sp.Symbol("d_k", positive=True, integer=True)
+d_ff = sp.Symbol("d_ff", positive=True, integer=True)

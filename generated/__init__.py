@@ -1,0 +1,1 @@
+"""Generated modules (do not edit by hand): ``numpy/`` and ``torch/`` backends."""

@@ -1,0 +1,1 @@
+"""Generated numpy modules, one per config."""

@@ -1,0 +1,1 @@
+"""Generated PyTorch modules, one per config."""

@@ -1,0 +1,1 @@
+"""Jinja templates: ``common/`` structure shared by the backends, one folder per backend."""
