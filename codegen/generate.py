@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-from ..derivations.config import Config
+from ..derivations.config import Config, ConfigError, load
 from ..derivations.model import Derivation, derive
 from .backends import BACKENDS, Backend
 from .lowering import lower
@@ -188,3 +188,36 @@ def write(rendered: list[Rendered], out_dir: Path, force: bool = False) -> list[
             os.replace(source, target)
             written.append(target)
     return written
+
+
+def shipped_configs() -> list[Path]:
+    """The shipped config files, in name order."""
+    return sorted(CONFIGS.glob("*.toml"))
+
+
+def load_configs(paths: list[str | Path] | None = None) -> list[Config]:
+    """Validated configs from ``paths`` (default: the shipped ones); names must be unique."""
+    configs = [load(p) for p in (paths or shipped_configs())]
+    names = [c.name for c in configs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"--config: two configs share the name {duplicates[0]!r}; "
+                          "names must be unique (they name the generated modules)")
+    return configs
+
+
+def generate(paths: list[str | Path] | None = None, out_dir: str | Path | None = None,
+             force: bool = False, report: Callable[[str], None] = print) -> list[Path]:
+    """Derive, render and write the modules of ``paths`` (default: every shipped config)
+    under ``out_dir`` (default: the package's ``generated/``); the Python API of
+    ``curvgap generate``."""
+    rendered = render_all(load_configs(paths), report)
+    return write(rendered, Path(out_dir) if out_dir else GENERATED, force)
+
+
+def stale_files(paths: list[str | Path] | None = None, out_dir: str | Path | None = None,
+                report: Callable[[str], None] = print) -> list[tuple[str, str]]:
+    """The generated files that are missing, stale or hand-edited; the Python API of
+    ``curvgap generate --check``."""
+    rendered = render_all(load_configs(paths), report)
+    return check(rendered, Path(out_dir) if out_dir else GENERATED)

@@ -1,0 +1,1 @@
+"""Lowering of derived expressions to numpy and PyTorch code, and the CLI."""

@@ -1,0 +1,200 @@
+"""Proof by numbers: generated modules against ``torch.func`` on a plain PyTorch model.
+
+:func:`reference_output` is an independent, hand-written PyTorch forward pass of a config
+(no engine code): autograd through it (``torch.func.jacrev``, ``hessian``) is the
+reference. LayerNorm is written out (mean, variance, ``rsqrt``) rather than taken from
+``torch.nn.functional.layer_norm``, whose double backward through ``torch.func`` gave
+wrong mixed ``weight``–``input`` second derivatives in torch 2.13 (see docs/ERRATA.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+import torch
+from torch.func import hessian, jacrev, vmap
+
+from ..derivations.config import Config
+
+
+def _normalize(config: Config, U: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
+    if config.norm == "layernorm":
+        centred = U - U.mean(-1, keepdim=True)
+        out = centred * torch.rsqrt((centred * centred).mean(-1, keepdim=True) + config.eps)
+    else:
+        out = U * torch.rsqrt((U * U).mean(-1, keepdim=True) + config.eps)
+    if gamma is not None:
+        out = out * gamma
+    if beta is not None:
+        out = out + beta
+    return out
+
+
+def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
+    """The configured sublayer on one sample ``X`` (``L×d``), in plain PyTorch."""
+    if config.kind == "layernorm":
+        return _normalize(config, X, params.get("gamma"), params.get("beta"))
+    raise NotImplementedError(config.kind)
+
+
+def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The per-sample loss of the output ``Z`` (``L×d``)."""
+    if config.loss == "mse":
+        return ((Z - target) ** 2).sum() / Z.numel()
+    raise NotImplementedError(config.loss)
+
+
+def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int = 0,
+                dtype: torch.dtype = torch.float64) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Random parameters (``gamma`` near 1), input and target for ``module``."""
+    gen = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in module.PARAMS:
+        value = torch.randn(*(dims[s] for s in shape), generator=gen, dtype=dtype)
+        if name.startswith("gamma"):
+            value = 1 + 0.3 * value
+        params[name] = value
+    X = torch.randn(batch, *(dims[s] for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
+    target = torch.randn(batch, *(dims[s] for s in module.TARGET_SHAPE), generator=gen,
+                         dtype=dtype)
+    return params, X, target
+
+
+class Reference:
+    """``torch.func`` references for every function of the generated-module contract."""
+
+    def __init__(self, config: Config, module: ModuleType, params: dict, X: torch.Tensor,
+                 target: torch.Tensor) -> None:
+        self.config, self.params, self.X, self.target = config, params, X, target
+        self.names = [name for name, _ in module.PARAMS]
+
+    def _with(self, name: str, value: torch.Tensor) -> dict:
+        return {**self.params, name: value}
+
+    def forward(self) -> torch.Tensor:
+        return vmap(lambda x: reference_output(self.config, self.params, x))(self.X)
+
+    def loss(self) -> torch.Tensor:
+        return self._batch_loss(self.params)
+
+    def _batch_loss(self, params: dict) -> torch.Tensor:
+        def one(x, t):
+            return reference_loss(self.config, reference_output(self.config, params, x), t)
+        return vmap(one)(self.X, self.target).mean()
+
+    def _out(self, x: torch.Tensor, values: dict) -> torch.Tensor:
+        """The sample output with some parameters (or ``"X"``) replaced by ``values``."""
+        merged = {**self.params, "X": x, **values}
+        return reference_output(self.config, merged, merged.pop("X"))
+
+    def _start(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return x if name == "X" else self.params[name]
+
+    def jacobian(self, wrt: str) -> torch.Tensor:
+        def sample(x):
+            return jacrev(lambda a: self._out(x, {wrt: a}))(self._start(wrt, x))
+        return vmap(sample)(self.X).reshape(self.X.shape[0], self.X[0].numel(), -1)
+
+    def output_hessian(self, first: str, second: str) -> torch.Tensor:
+        def sample(x):
+            if first == second:
+                return hessian(lambda a: self._out(x, {first: a}))(self._start(first, x))
+            return jacrev(jacrev(lambda a, b: self._out(x, {first: a, second: b}), 0), 1)(
+                self._start(first, x), self._start(second, x))
+        n_second = self._start(second, self.X[0]).numel()
+        return vmap(sample)(self.X).reshape(self.X.shape[0], -1, n_second)
+
+    def loss_hessian(self, wrt: list[str]) -> torch.Tensor:
+        if wrt == ["X"]:
+            def one(x, t):
+                return reference_loss(self.config, reference_output(self.config, self.params, x), t)
+            H = vmap(hessian(one))(self.X, self.target)
+            n = self.X[0].numel()
+            return H.reshape(-1, n, n)
+        shapes = [self.params[name].shape for name in wrt]
+        sizes = [int(np.prod(s)) for s in shapes]
+
+        def flat(vector):
+            parts = torch.split(vector, sizes)
+            params = dict(self.params)
+            for name, part, shape in zip(wrt, parts, shapes):
+                params[name] = part.reshape(shape)
+            return self._batch_loss(params)
+
+        return hessian(flat)(torch.cat([self.params[name].reshape(-1) for name in wrt]))
+
+    def gauss_newton(self, wrt: list[str]) -> torch.Tensor:
+        """``mean_b J_b^T (∂²ℓ/∂Z²) J_b`` with every factor from autograd."""
+        Js = [self.jacobian(name) for name in wrt]
+        J = torch.cat(Js, dim=-1)
+        Z = self.forward()
+
+        def curvature(z, t):
+            return hessian(lambda zz: reference_loss(self.config, zz, t))(z)
+
+        n = self.X[0].numel()
+        Hz = vmap(curvature)(Z, self.target).reshape(-1, n, n)
+        if wrt == ["X"]:
+            return torch.einsum("bri,brs,bsj->bij", J, Hz, J)
+        return torch.einsum("bri,brs,bsj->ij", J, Hz, J) / self.X.shape[0]
+
+
+def relative_error(value, reference: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """``max |value - reference| / max |scale|``, ``scale`` the reference by default (a
+    reference that is a difference of two larger arrays is measured against them)."""
+    value = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value)
+    reference = reference.detach()
+    if tuple(value.shape) != tuple(reference.shape):
+        raise AssertionError(f"shape {tuple(value.shape)} != reference {tuple(reference.shape)}")
+    if not reference.numel():
+        return 0.0
+    size = float((reference if scale is None else scale).abs().max())
+    error = float((value.to(reference.dtype) - reference).abs().max())
+    return error / size if size > 0 else error
+
+
+def check_module(config: Config, module: ModuleType, backend: str, dims: dict[str, int],
+                 batch: int = 2, seed: int = 0) -> dict[str, float]:
+    """Relative errors of every contract function of ``module`` against ``torch.func``."""
+    params, X, target = random_case(module, dims, batch, seed)
+    ref = Reference(config, module, params, X, target)
+    if backend == "numpy":
+        def conv(t):
+            return t.numpy()
+    else:
+        def conv(t):
+            return t
+    P, Xb, Tb = {k: conv(v) for k, v in params.items()}, conv(X), conv(target)
+    names = [name for name, _ in module.PARAMS]
+    variables = [*names, "X"]
+    errors = {"forward": relative_error(module.forward(P, Xb), ref.forward()),
+              "loss": relative_error(module.loss(P, Xb, Tb), ref.loss())}
+    for v in variables:
+        errors[f"jacobian[{v}]"] = relative_error(module.jacobian(P, Xb, v), ref.jacobian(v))
+    for v in variables:
+        for w in variables:
+            errors[f"output_hessian[{v},{w}]"] = relative_error(
+                module.output_hessian(P, Xb, v, w), ref.output_hessian(v, w))
+    gen = torch.Generator().manual_seed(seed + 1)
+    for wrt in ([names] if names else []) + [["X"]]:
+        label = "params" if wrt != ["X"] else "X"
+        full = ref.loss_hessian(wrt)
+        gn = ref.gauss_newton(wrt)
+        arg = wrt if wrt != ["X"] else "X"
+        errors[f"loss_hessian[{label}]"] = relative_error(
+            module.loss_hessian(P, Xb, Tb, wrt=arg), full)
+        errors[f"loss_hessian[{label}].gauss_newton"] = relative_error(
+            module.loss_hessian(P, Xb, Tb, wrt=arg, part="gauss_newton"), gn)
+        errors[f"loss_hessian[{label}].functional"] = relative_error(
+            module.loss_hessian(P, Xb, Tb, wrt=arg, part="functional"), full - gn, full)
+        if wrt == ["X"]:
+            v = torch.randn(X.shape[0], X[0].numel(), generator=gen, dtype=X.dtype)
+            expected = torch.einsum("bij,bj->bi", full, v)
+        else:
+            v = torch.randn(full.shape[0], generator=gen, dtype=X.dtype)
+            expected = full @ v
+        errors[f"hvp[{label}]"] = relative_error(module.hvp(P, Xb, Tb, conv(v), wrt=arg),
+                                                 expected)
+    return errors
