@@ -117,7 +117,7 @@ def render(der: Derivation, backend: Backend) -> str:
         variables=[v.name for v in der.variables],
         jacobian=der.jacobian, output_hessian=der.output_hessian,
         loss_hessian=der.loss_hessian, hvp=der.hvp, directions=der.directions,
-        guards=der.guards, functions=functions, output=der.output.name,
+        functions=functions, output=der.output.name,
         loss_node=der.loss.name)
     body = env.get_template(backend.template).render(**context).lstrip("\n")
     return _header(der.config, backend, body) + body

@@ -55,3 +55,13 @@ class Accumulate:
     value: str | None
     coeff: sp.Expr
     broadcast: tuple[bool, ...] | None
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Stop with a ValueError on ``argument`` unless ``tensor > 0`` relative to ``scale``."""
+
+    tensor: str
+    scale: str
+    argument: str
+    message: str

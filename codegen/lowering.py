@@ -18,9 +18,8 @@ import sympy as sp
 
 from ..derivations import sizes
 from ..derivations.graph import Assign, Graph
-from ..derivations.indexform import Apply, Delta, Index, Ref, Term
+from ..derivations.indexform import Apply, Index, Ref, Term
 from ..derivations.model import Derivation
-
 from . import ir
 
 B = sp.Symbol("B", positive=True, integer=True)
@@ -207,8 +206,13 @@ def lower(der: Derivation) -> list[Function]:
         lowerer = _Lowerer(der.graph, function)
         assigns = [a for a in live if a.group == name]
         written = [a.target.name for a in assigns]
+        guards = {guard.tensor: guard for guard in der.guards}
         for assign in assigns:
             lowerer.assign(assign)
+            guard = guards.get(assign.target.name)
+            if guard is not None:
+                function.statements.append(
+                    ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
         read = dict.fromkeys(n for a in assigns for n in sorted(a.expr.names())
                              if n not in written)
         function.reads = list(read)

@@ -75,6 +75,10 @@ class ArrayPrinter(PythonCodePrinter):
         target = node.target if node.tie is None else f"{self.tied(node.target, node.tie)}[...]"
         return f"{target} += {self._scaled(value, node.coeff)}"
 
+    def _print_Guard(self, node: ir.Guard) -> str:
+        return (f"_guard(ns, {node.tensor}, {node.scale}, {node.argument!r}, "
+                f"{node.message!r})")
+
     def tied(self, target: str, spec: str) -> str:
         raise NotImplementedError
 

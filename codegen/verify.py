@@ -9,7 +9,6 @@ wrong mixed ``weight``–``input`` second derivatives in torch 2.13 (see docs/ER
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np

@@ -1,0 +1,34 @@
+"""Shared fixtures: the shipped configs and their generated modules, both backends."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+from curvgap.codegen.generate import shipped_configs
+from curvgap.derivations.config import load
+
+BACKENDS = ("numpy", "torch")
+SHIPPED = {path.stem: load(path) for path in shipped_configs()}
+
+
+def generated_module(name: str, backend: str):
+    return importlib.import_module(f"curvgap.generated.{backend}.{name}")
+
+
+def to_backend(backend: str, value):
+    """A float64 torch tensor as the backend's array type."""
+    if isinstance(value, dict):
+        return {k: to_backend(backend, v) for k, v in value.items()}
+    return value.numpy() if backend == "numpy" else value
+
+
+def as_numpy(value) -> np.ndarray:
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param

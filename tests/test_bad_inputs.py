@@ -1,0 +1,114 @@
+"""Bad calls raise ValueError or TypeError naming the argument, the expectation and what
+was given (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import generated_module, to_backend
+from curvgap.codegen.verify import random_case
+
+
+@pytest.fixture
+def case(backend):
+    module = generated_module("layernorm_affine", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4}, batch=2)
+    return module, backend, params, X, target
+
+
+def call(case, function="loss_hessian", **changes):
+    module, backend, params, X, target = case
+    args = {"params": params, "X": X, "target": target, **changes}
+    args = {k: to_backend(backend, v) if isinstance(v, (torch.Tensor, dict)) else v
+            for k, v in args.items()}
+    if function == "forward":
+        return module.forward(args["params"], args["X"])
+    if function == "jacobian":
+        return module.jacobian(args["params"], args["X"], args.get("wrt", "X"))
+    return module.loss_hessian(args["params"], args["X"], args["target"],
+                               wrt=args.get("wrt"), part=args.get("part", "full"))
+
+
+def test_wrong_parameter_shape(case):
+    params = {**case[2], "gamma": torch.ones(5, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=r"params\['gamma'\]: expected shape \(d,\) = \(4,\).*got shape \(5,\)"):
+        call(case, params=params)
+
+
+def test_wrong_rank_of_X(case):
+    with pytest.raises(ValueError, match=r"X: expected shape \(B, L, d\) or \(L, d\), got shape \(2, 3, 4, 1\)"):
+        call(case, "forward", X=case[3][..., None])
+
+
+def test_wrong_target_shape(case):
+    with pytest.raises(ValueError, match=r"target: expected shape \(B, L, d\) = \(2, 3, 4\), got shape \(2, 4, 3\)"):
+        call(case, target=case[4].transpose(1, 2).contiguous())
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("where", ["X", "target", "gamma"])
+def test_non_finite_values(case, bad, where):
+    module, backend, params, X, target = case
+    changes = {}
+    if where == "gamma":
+        gamma = params["gamma"].clone()
+        gamma[1] = bad
+        changes["params"] = {**params, "gamma": gamma}
+        argument = r"params\['gamma'\]"
+    else:
+        value = (X if where == "X" else target).clone()
+        value[0, 1, 2] = bad
+        changes[where] = value
+        argument = where
+    with pytest.raises(ValueError, match=argument + ": expected finite values, got NaN or inf"):
+        call(case, **changes)
+
+
+def test_unknown_wrt(case):
+    with pytest.raises(ValueError, match=r"wrt: expected 'X' or one of the parameters \['gamma', 'beta'\], got 'W_Q'"):
+        call(case, "jacobian", wrt="W_Q")
+    with pytest.raises(ValueError, match=r"wrt: expected 'X' alone"):
+        call(case, wrt=["X", "gamma"])
+
+
+def test_unknown_part(case):
+    with pytest.raises(ValueError, match=r"part: expected 'full', 'gauss_newton' or 'functional', got 'gn'"):
+        call(case, part="gn")
+
+
+def test_missing_and_unknown_params(case):
+    with pytest.raises(ValueError, match=r"params: expected exactly the keys \['gamma', 'beta'\], got unknown \['delta'\] and missing \['beta'\]"):
+        call(case, params={"gamma": case[2]["gamma"], "delta": case[2]["beta"]})
+
+
+def test_integer_input_is_a_type_error(case):
+    with pytest.raises(TypeError, match="X: expected a floating-point"):
+        call(case, "forward", X=torch.ones(2, 3, 4, dtype=torch.int64))
+
+
+def test_zero_variance_row_with_eps_zero(backend):
+    module = generated_module("layernorm", backend)
+    X = torch.randn(2, 3, 4, dtype=torch.float64)
+    X[1, 2] = 0.7  # a constant row
+    with pytest.raises(ValueError, match=r"X: LayerNorm needs every row variance > 0 \(the paper's "
+                                         r"assumption min σ² > 0.*set eps > 0.*sample 1, row 2"):
+        module.forward({}, to_backend(backend, X))
+
+
+def test_zero_input_is_fine_with_eps(backend):
+    module = generated_module("layernorm_affine", backend)
+    params, X, _ = random_case(module, {"L": 3, "d": 4}, batch=2)
+    out = module.forward(to_backend(backend, params), to_backend(backend, torch.zeros_like(X)))
+    assert float(abs(out - to_backend(backend, params["beta"])).max()) == 0.0
+
+
+def test_single_sample_drops_the_batch_axis(case):
+    module, backend, params, X, target = case
+    P = to_backend(backend, params)
+    assert tuple(module.forward(P, to_backend(backend, X[0])).shape) == (3, 4)
+    assert tuple(module.jacobian(P, to_backend(backend, X[0]), "gamma").shape) == (12, 4)
+    batch = module.jacobian(P, to_backend(backend, X), "gamma")
+    single = module.jacobian(P, to_backend(backend, X[1]), "gamma")
+    assert float(abs(batch[1] - single).max()) == 0.0
