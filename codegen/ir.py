@@ -65,3 +65,11 @@ class Guard:
     scale: str
     argument: str
     message: str
+
+
+@dataclass(frozen=True)
+class RowMax:
+    """``result = max of source over its last axis`` (a constant softmax shift)."""
+
+    result: str
+    source: str

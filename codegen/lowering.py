@@ -56,10 +56,14 @@ def live_assigns(der: Derivation) -> list[Assign]:
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph, function: Function) -> None:
+    def __init__(self, graph: Graph, function: Function,
+                 applied_nodes: dict[tuple, str]) -> None:
         self.graph = graph
+        self.applied_nodes = applied_nodes
         self.function = function
         self.temps: dict[tuple, str] = {}
+        self.used: dict[str, None] = {}
+        self.current = ""
         self.count = 0
         self.dims: set[sp.Symbol] = set()
 
@@ -69,9 +73,13 @@ class _Lowerer:
 
     def operand(self, factor: Ref | Apply) -> str:
         if isinstance(factor, Ref):
-            return factor.name
+            return self.use(factor.name)
         key = (factor.fn.key, factor.name)
+        node = self.applied_nodes.get(key)
+        if node is not None and node != self.current:  # a node defined as this function
+            return self.use(node)
         if key not in self.temps:
+            self.use(factor.name)
             label = factor.fn.label.replace("'", "_d")
             name = f"_{label}_{factor.name}"
             self.temps[key] = name
@@ -79,12 +87,21 @@ class _Lowerer:
                 ir.Elementwise(name, factor.fn.expr, sp.Symbol("x", real=True), factor.name))
         return self.temps[key]
 
+    def use(self, name: str) -> str:
+        self.used.setdefault(name, None)
+        return name
+
     def coefficient(self, coeff: sp.Expr) -> sp.Expr:
         self.dims |= {s for s in coeff.free_symbols}
         return coeff
 
     def assign(self, assign: Assign) -> None:
         target = assign.target
+        self.current = target.name
+        if assign.reduction == "max":
+            source = self.use(assign.expr.terms[0].factors[0].name)
+            self.function.statements.append(ir.RowMax(target.name, source))
+            return
         shape = ((B,) if target.batched else ()) + target.shape
         terms = assign.expr.terms
         if len(terms) == 1 and self._direct(assign, terms[0]):
@@ -168,7 +185,7 @@ class _Lowerer:
                 dims.update(zip(spec, tensor_dims))
             shapes = [tuple(NOMINAL.get(dims[c], 16) for c in s) for s in specs]
             path, _ = opt_einsum.contract_path(",".join(specs) + "->" + out, *shapes,
-                                               shapes=True, optimize="optimal")
+                                               shapes=True, optimize="auto-hq")
         else:
             path = [tuple(range(len(operands)))]
         pending = list(operands)
@@ -200,10 +217,18 @@ class _Lowerer:
 def lower(der: Derivation) -> list[Function]:
     """One :class:`Function` per group, in dependency order."""
     live = live_assigns(der)
+    applied_nodes = {}
+    for assign in live:
+        terms = assign.expr.terms
+        if (assign.group == "forward" and len(terms) == 1 and terms[0].coeff == 1
+                and len(terms[0].factors) == 1 and isinstance(terms[0].factors[0], Apply)
+                and terms[0].factors[0].indices == assign.target.indices):
+            factor = terms[0].factors[0]
+            applied_nodes[(factor.fn.key, factor.name)] = assign.target.name
     functions = []
     for name, group in der.groups.items():
         function = Function(name, group.requires)
-        lowerer = _Lowerer(der.graph, function)
+        lowerer = _Lowerer(der.graph, function, applied_nodes)
         assigns = [a for a in live if a.group == name]
         written = [a.target.name for a in assigns]
         guards = {guard.tensor: guard for guard in der.guards}
@@ -213,9 +238,7 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
-        read = dict.fromkeys(n for a in assigns for n in sorted(a.expr.names())
-                             if n not in written)
-        function.reads = list(read)
+        function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)
         functions.append(function)

@@ -12,6 +12,9 @@ from sympy.printing.pycode import PythonCodePrinter
 
 from . import ir
 
+#: Size symbols: scalars at run time (Python ints), printed with ``**``.
+SIZES = {"B", "L", "d", "d_k", "d_ff"}
+
 
 class ArrayPrinter(PythonCodePrinter):
     """What numpy and torch code share; subclasses name the array module."""
@@ -32,6 +35,8 @@ class ArrayPrinter(PythonCodePrinter):
         return self._call("tanh", expr)
 
     def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
+        if all(str(s) in SIZES for s in expr.free_symbols):  # a coefficient in the sizes
+            return f"{self.parenthesize(expr.base, 100)}**({self._print(expr.exp)})"
         return self._hprint_Pow(expr, rational=rational, sqrt=f"{self.module}.sqrt")
 
     def _print_Rational(self, expr: sp.Rational) -> str:
@@ -86,6 +91,9 @@ class ArrayPrinter(PythonCodePrinter):
 class NumpyPrinter(ArrayPrinter):
     module = "np"
 
+    def _print_RowMax(self, node: ir.RowMax) -> str:
+        return f"{node.result} = {node.source}.max(axis=-1)"
+
     def tied(self, target: str, spec: str) -> str:
         # numpy's einsum returns a writeable view for a pure diagonal selection
         return f'np.einsum("{spec}", {target})'
@@ -93,6 +101,9 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     module = "torch"
+
+    def _print_RowMax(self, node: ir.RowMax) -> str:
+        return f"{node.result} = {node.source}.amax(dim=-1)"
 
     def tied(self, target: str, spec: str) -> str:
         return f'_tied({target}, "{spec}")'

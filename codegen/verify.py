@@ -35,6 +35,9 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
     """The configured sublayer on one sample ``X`` (``L×d``), in plain PyTorch."""
     if config.kind == "layernorm":
         return _normalize(config, X, params.get("gamma"), params.get("beta"))
+    if config.kind == "self_attention":
+        scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / params["W_Q"].shape[1] ** 0.5
+        return torch.softmax(scores, dim=-1) @ X @ params["W_V"]
     raise NotImplementedError(config.kind)
 
 

@@ -84,6 +84,10 @@ def _product(term: Term, replacements: dict[int, list[Term]],
     return [close(t, summed) for t in partial]
 
 
+def differentiable(assign) -> bool:
+    return assign.differentiable
+
+
 def _depends(factor, tangents: Tangents) -> bool:
     return not isinstance(factor, Delta) and factor.name in tangents.by_name
 
@@ -146,7 +150,7 @@ def seed(graph: Graph, variable: Tensor, hint: str = "p") -> Tangents:
 def propagate(graph: Graph, assigns: list, tangents: Tangents, label: str) -> Tangents:
     """Forward-propagate ``tangents`` through ``assigns`` (in order); each non-zero tangent
     is bound as ``d<node>_<label>`` when it is not cheap to carry inline."""
-    for assign in assigns:
+    for assign in filter(differentiable, assigns):
         tangent = differentiate(graph, assign.expr, tangents)
         if not tangent.is_zero:
             name = f"d{assign.target.name}_{label}"
@@ -160,7 +164,7 @@ def propagate_second(graph: Graph, assigns: list, first: Tangents, second: Tange
     ``Σ ∂node/∂m · d²m`` plus the second-order local part of each node."""
     first_map = {i: i for i in first.indices}
     both = Tangents(first.indices + tuple(second_map[i] for i in second.indices))
-    for assign in assigns:
+    for assign in filter(differentiable, assigns):
         expr = differentiate(graph, assign.expr, both)
         local = second_local(graph, assign.expr, first, second, first_map, second_map)
         total = Expr(expr.terms + local.terms, expr.free).simplified()
@@ -175,6 +179,7 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
     ``assigns`` (reverse mode), each bound as ``g_<name>`` when not cheap inline."""
     pending: dict[str, list[Term]] = {}
     adjoints = {output.name: seed_expr}
+    assigns = list(filter(differentiable, assigns))
     defined = {a.target.name for a in assigns}
     for assign in reversed(assigns):
         name = assign.target.name
@@ -188,7 +193,7 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
                 if isinstance(factor, Delta):
                     continue
                 tensor = graph.tensors[factor.name]
-                if tensor.role in ("target", "direction"):
+                if tensor.role in ("target", "direction", "constant"):
                     continue
                 mapping = {i: graph.pool.fresh(i.dim, "s")
                            for i in dict.fromkeys(term.indices() + list(target.indices))}
@@ -225,7 +230,7 @@ def hessian_by_adjoints(graph: Graph, assigns: list, adjoints: dict, first: Tang
     first_map = {i: i for i in first.indices}
     free = first.indices + tuple(second_map[i] for i in second.indices)
     terms: list[Term] = []
-    for assign in assigns:
+    for assign in filter(differentiable, assigns):
         if assign.target.name not in adjoints:
             continue
         local = second_local(graph, assign.expr, first, second, first_map, second_map)

@@ -37,8 +37,11 @@ APPLIES_TO = {
 
 #: What the engine derives today; anything else is rejected with this message.
 SUPPORTED = {
-    "kind": ("layernorm",),
+    "kind": ("layernorm", "self_attention"),
     "loss": ("mse",),
+    "heads": (1,),
+    "causal": (False,),
+    "out_proj": (False,),
 }
 
 
@@ -105,8 +108,8 @@ def validate(data: dict, source: str = "config") -> Config:
                               f"not to kind '{config.kind}'; remove it")
     for key, allowed in SUPPORTED.items():
         if getattr(config, key) not in allowed:
-            raise ConfigError(f"{source}: {key} = '{getattr(config, key)}' is valid but not "
-                              f"derived yet; derived today: {', '.join(allowed)}")
+            raise ConfigError(f"{source}: {key} = {getattr(config, key)!r} is valid but not "
+                              f"derived yet; derived today: {', '.join(map(repr, allowed))}")
     return config
 
 

@@ -59,7 +59,15 @@ def _apply(factor: Apply, array: np.ndarray) -> np.ndarray:
 
 def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
              dims: dict[sp.Symbol, int]) -> dict[str, np.ndarray]:
-    """Run ``assigns`` in order on ``values`` (updated in place and returned)."""
+    """Run ``assigns`` in order on ``values`` (updated in place and returned). A constant
+    (a row maximum) already present in ``values`` is kept: any value of a softmax shift
+    gives the same result, and 0 keeps symbolic proofs simple."""
     for assign in assigns:
-        values[assign.target.name] = evaluate_expr(graph, assign.expr, values, dims)
+        name = assign.target.name
+        if assign.reduction == "max":
+            if name not in values:
+                source = values[assign.expr.terms[0].factors[0].name]
+                values[name] = np.array([sp.Max(*row) for row in source], dtype=object)
+            continue
+        values[name] = evaluate_expr(graph, assign.expr, values, dims)
     return values

@@ -25,7 +25,8 @@ class ScalarFn:
 
     @property
     def key(self) -> str:
-        return f"{self.label}:{sp.srepr(self.expr)}"
+        """Equal for equal functions, whatever their labels."""
+        return sp.srepr(self.expr)
 
     def diff(self) -> ScalarFn:
         """The derivative, almost everywhere."""
@@ -40,3 +41,7 @@ class ScalarFn:
 def power(exponent: sp.Expr, shift: sp.Expr = 0, label: str = "pow") -> ScalarFn:
     """``(x + shift) ** exponent``."""
     return ScalarFn(label, (x + sp.nsimplify(shift)) ** exponent)
+
+
+def exp() -> ScalarFn:
+    return ScalarFn("exp", sp.exp(x))

@@ -33,7 +33,7 @@ class Tensor:
     name: str
     indices: tuple[Index, ...]
     batched: bool
-    role: str = "node"  # "input", "param", "node", "target", "direction"
+    role: str = "node"  # "input", "param", "node", "constant", "target", "direction"
 
     @property
     def shape(self) -> tuple[sp.Symbol, ...]:
@@ -60,6 +60,12 @@ class Assign:
     expr: Expr
     group: str
     mean_over_batch: bool = False
+    reduction: str | None = None
+
+    @property
+    def differentiable(self) -> bool:
+        """False for constants (a stop-gradient reduction such as a row maximum)."""
+        return self.reduction is None
 
 
 def delta(a: Index, b: Index) -> Expr:
@@ -107,6 +113,15 @@ class Graph:
         expr = expr.with_free(tuple(indices))
         tensor = self.declare(name, tuple(indices), self.is_batched(expr))
         self.assigns.append(Assign(tensor, expr, self.current_group))
+        return tensor
+
+    def row_max(self, name: str, source: Tensor) -> Tensor:
+        """A constant ``name[i] = max_j source[i, j]`` (its derivatives are not taken: it
+        only shifts a softmax argument, which leaves the softmax unchanged)."""
+        indices = source.indices[:-1]
+        tensor = self.declare(name, indices, source.batched, role="constant")
+        expr = source[source.indices].with_free(source.indices)
+        self.assigns.append(Assign(tensor, expr, self.current_group, reduction="max"))
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import calculus, losses, normalization, sizes
+from . import attention, calculus, losses, normalization, sizes
 from .config import Config
 from .graph import Graph, Tensor
 from .indexform import Expr, Term
@@ -70,6 +70,9 @@ def _build_network(g: Graph, config: Config) -> tuple[Tensor, Tensor, list[Tenso
     if config.kind == "layernorm":
         norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
         return X, norm.output, norm.params, norm.guards
+    if config.kind == "self_attention":
+        layer = attention.self_attention(g, X)
+        return X, layer.output, layer.params, []
     raise NotImplementedError(config.kind)
 
 
