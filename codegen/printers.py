@@ -91,6 +91,13 @@ class ArrayPrinter(PythonCodePrinter):
 class NumpyPrinter(ArrayPrinter):
     module = "np"
 
+    def _print_Contract(self, node: ir.Contract) -> str:
+        # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
+        if len(node.operands) < 2:
+            return super()._print_Contract(node)
+        return (f'{node.result} = np.einsum("{node.spec}", {", ".join(node.operands)}, '
+                "optimize=True)")
+
     def _print_RowMax(self, node: ir.RowMax) -> str:
         return f"{node.result} = {node.source}.max(axis=-1)"
 

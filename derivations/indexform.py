@@ -16,6 +16,7 @@ left tie two free indices and are lowered to index broadcasts, never to identity
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -230,10 +231,28 @@ def _factor_key(factor: Factor, free_pos: dict[Index, int]) -> tuple:
 
 
 def canonical_form(term: Term, free: tuple[Index, ...]) -> tuple[tuple, Term]:
-    """A key equal for terms that differ only in the names of summed indices, and the
-    term rewritten with canonical summed names (deltas with sorted ends)."""
+    """A key equal for terms that differ only in the order of their factors and the names
+    of summed indices, and the term rewritten in that canonical form. Factors are sorted
+    by name and by where the free indices sit; ties (such as ``A[i,j] A[i,k]``) are broken
+    by trying their orders (up to 24) and keeping the smallest key."""
     free_pos = {index: n for n, index in enumerate(free)}
     factors = sorted(term.factors, key=lambda f: _factor_key(f, free_pos))
+    groups = [list(g) for _, g in itertools.groupby(factors, lambda f: _factor_key(f, free_pos))]
+    orders = 1
+    for group in groups:
+        orders *= math.factorial(len(group))
+    candidates = (itertools.product(*(itertools.permutations(g) for g in groups))
+                  if orders <= 24 else [tuple(groups)])
+    best = None
+    for choice in candidates:
+        key, canon = _relabel([f for group in choice for f in group], free_pos, term.coeff)
+        if best is None or key < best[0]:
+            best = (key, canon)
+    return best
+
+
+def _relabel(factors: list[Factor], free_pos: dict[Index, int],
+             coeff: sp.Expr) -> tuple[tuple, Term]:
     mapping: dict[Index, Index] = {}
     for factor in factors:
         for index in factor.indices:
@@ -248,7 +267,7 @@ def canonical_form(term: Term, free: tuple[Index, ...]) -> tuple[tuple, Term]:
             factor = Delta(a, b)
         renamed.append(factor)
     key = tuple(_hashable(f) for f in renamed)
-    return key, Term(term.coeff, tuple(renamed))
+    return key, Term(coeff, tuple(renamed))
 
 
 def _hashable(factor: Factor) -> tuple:

@@ -7,6 +7,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+
 from curvgap.codegen.generate import shipped_configs
 from curvgap.derivations.config import load
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import SHIPPED, generated_module
+
 from curvgap.codegen.generate import generate
 from curvgap.codegen.verify import check_module
 

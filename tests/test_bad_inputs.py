@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import generated_module, to_backend
+
 from curvgap.codegen.verify import random_case
 
 
@@ -112,3 +113,11 @@ def test_single_sample_drops_the_batch_axis(case):
     batch = module.jacobian(P, to_backend(backend, X), "gamma")
     single = module.jacobian(P, to_backend(backend, X[1]), "gamma")
     assert float(abs(batch[1] - single).max()) == 0.0
+
+
+def test_attention_weights_that_do_not_chain(backend):
+    module = generated_module("self_attention", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2}, batch=2)
+    params["W_K"] = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"params\['W_K'\]: expected shape \(d, d_k\) = \(4, 2\) to match the other inputs, got shape \(4, 3\)"):
+        module.forward(to_backend(backend, params), to_backend(backend, X))

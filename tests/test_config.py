@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from curvgap.derivations.config import ConfigError, load, validate
 
 

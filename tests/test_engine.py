@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sympy as sp
+
 from curvgap.derivations import calculus
 from curvgap.derivations.graph import Graph, delta
 from curvgap.derivations.indexform import Delta, Ref, Term, simplify_term

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHIPPED, as_numpy, generated_module, to_backend
+
 from curvgap.codegen.verify import random_case
 
 H1, H2 = 1e-6, 1e-4          # steps for first and second differences

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from conftest import SHIPPED
+
 from curvgap.codegen import cli
 from curvgap.codegen.generate import (
     GENERATED,

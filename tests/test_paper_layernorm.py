@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from curvgap.generated.numpy import layernorm
 
 L, d = 2, 3

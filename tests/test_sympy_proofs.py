@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+
 from curvgap.codegen.lowering import B
 from curvgap.derivations import sizes
 from curvgap.derivations.config import validate
@@ -127,3 +128,40 @@ def test_loss_hessian_parts_equal_sympy(d):
     gauss_newton = J.T * (sp.Rational(2, d) * sp.eye(d)) * J
     assert_zero(np.array(gauss_newton) - values["gauss_newton_X_X"].reshape(d, d))
     assert_zero(np.array(full - gauss_newton) - values["functional_X_X"].reshape(d, d))
+
+
+def _softmax_graph():
+    """The engine's row softmax alone, with its Jacobian and second derivative in T."""
+    from curvgap.derivations import calculus
+    from curvgap.derivations.attention import softmax_rows
+    from curvgap.derivations.graph import Graph
+
+    g = Graph()
+    T = g.input("T", (sizes.L, sizes.d))
+    A = softmax_rows(g, T)
+    forward = list(g.assigns)
+    first = calculus.propagate(g, forward, calculus.seed(g, T), "T")
+    g.output("jacobian", first.by_name["A"])
+    renamed = {i: g.index(i.dim, "q") for i in first.indices}
+    both = calculus.propagate_second(g, forward, first, first, renamed, "TT")
+    g.output("hessian", both.by_name["A"])
+    return g, A
+
+
+@pytest.mark.parametrize("rows, n", [(1, 2), (1, 3), (1, 4), (1, 5), (2, 3)])
+def test_row_softmax_rules_equal_sympy(rows, n):
+    g, A = _softmax_graph()
+    T = np.array(sp.symbols(f"t0:{rows * n}", real=True)).reshape(rows, n)
+    values = evaluate(g, g.assigns, {"T": T, "m": np.zeros(rows, dtype=object)},
+                      {sizes.L: rows, sizes.d: n, B: 1})
+    reference = []
+    for i in range(rows):
+        total = sum(sp.exp(t) for t in T[i])
+        reference += [sp.exp(t) / total for t in T[i]]
+    ts = list(T.reshape(-1))
+    assert_zero(np.array(sp.Matrix(reference).jacobian(sp.Matrix(ts)))
+                - values["jacobian"].reshape(rows * n, rows * n))
+    if n <= 4:
+        hessian = [[[sp.diff(a, u, v) for v in ts] for u in ts] for a in reference]
+        assert_zero(np.array(hessian, dtype=object)
+                    - values["hessian"].reshape(rows * n, rows * n, rows * n))

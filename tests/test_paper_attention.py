@@ -1,0 +1,106 @@
+"""Self-attention against Ormaniec et al.'s closed forms as the paper transcribes them
+(PAPER_NOTES.md §2.1), built with explicit Kronecker and commutation matrices at a tiny
+size, and the engine's own symbolic form of the V–V block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from curvgap.derivations.config import validate
+from curvgap.derivations.indexform import Delta
+from curvgap.derivations.model import derive
+from curvgap.generated.numpy import self_attention as attention
+
+L, d, d_k = 3, 4, 2
+
+
+def commutation(m: int, n: int) -> np.ndarray:
+    """K_{m,n}: K vec(A) = vec(A^T) for A of shape m×n (vec column-major)."""
+    K = np.zeros((m * n, m * n))
+    for i in range(m):
+        for j in range(n):
+            K[i * n + j, j * m + i] = 1.0
+    return K
+
+
+@pytest.fixture
+def case():
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(1, L, d))
+    params = {"W_Q": rng.normal(size=(d, d_k)), "W_K": rng.normal(size=(d, d_k)),
+              "W_V": rng.normal(size=(d, d))}
+    target = rng.normal(size=(1, L, d))
+    return params, X, target
+
+
+def softmax_pieces(params, X):
+    T = X @ params["W_Q"] @ params["W_K"].T @ X.T / np.sqrt(d_k)
+    A = np.exp(T - T.max(-1, keepdims=True))
+    A /= A.sum(-1, keepdims=True)
+    dA = np.zeros((L * L, L * L))                       # blockdiag_i(diag(A_i) - A_i A_i^T)
+    for i in range(L):
+        dA[i * L:(i + 1) * L, i * L:(i + 1) * L] = np.diag(A[i]) - np.outer(A[i], A[i])
+    Z1 = np.kron(np.eye(L), X.T) @ dA @ np.kron(X, X)
+    return A, Z1
+
+
+def block(params, X, target, first, second, part):
+    wrt = [first, second] if first != second else [first]
+    H = attention.loss_hessian(params, X, target, wrt=wrt, part=part)
+    n = params[first].size
+    return H[:n, n:] if first != second else H[:n, :n]
+
+
+def test_gauss_newton_VV_is_M1tM1_kron_I(case):
+    params, X, target = case
+    A, _ = softmax_pieces(params, X[0])
+    M1 = A @ X[0]
+    printed = 2 / (L * d) * np.kron(M1.T @ M1, np.eye(d))
+    mine = block(params, X, target, "W_V", "W_V", "gauss_newton")
+    assert np.abs(mine - printed).max() <= 1e-12 * np.abs(printed).max()
+
+
+def test_functional_VV_is_zero(case):
+    params, X, target = case
+    assert np.abs(block(params, X, target, "W_V", "W_V", "functional")).max() == 0.0
+
+
+@pytest.mark.parametrize("first, second", [("W_Q", "W_Q"), ("W_V", "W_Q"), ("W_Q", "W_K")])
+def test_printed_gauss_newton_blocks(case, first, second):
+    params, X, target = case
+    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
+    A, Z1 = softmax_pieces(params, X[0])
+    M1 = A @ X[0]
+    middle = Z1.T @ np.kron(np.eye(L), W_V @ W_V.T) @ Z1
+    if (first, second) == ("W_Q", "W_Q"):
+        printed = 2 / (L * d * d_k) * np.kron(np.eye(d), W_K.T) @ middle @ np.kron(np.eye(d), W_K)
+    elif (first, second) == ("W_V", "W_Q"):
+        printed = 2 / (L * d * np.sqrt(d_k)) * np.kron(M1.T, W_V.T) @ Z1 @ np.kron(np.eye(d), W_K)
+    else:
+        printed = (2 / (L * d * d_k) * np.kron(np.eye(d), W_K.T) @ middle
+                   @ np.kron(W_Q, np.eye(d)) @ commutation(d_k, d))
+    mine = block(params, X, target, first, second, "gauss_newton")
+    assert np.abs(mine - printed).max() <= 1e-12 * np.abs(printed).max()
+
+
+def test_engine_shows_the_kronecker_structure_of_the_VV_block():
+    """Symbolically: the Gauss–Newton V–V block is the single term
+    ``2/(L d) · δ[q, q'] · Σ_i (Σ_j A[i,j] X[j,p]) (Σ_k A[i,k] X[k,p'])``, i.e.
+    ``2/(L d) · (M_1^T M_1 ⊗ I_d)`` with ``M_1 = A X``; the functional V–V block is empty."""
+    der = derive(validate({"name": "a", "kind": "self_attention"}))
+    assign = next(a for a in der.graph.assigns if a.target.name == "gauss_newton_W_V_W_V")
+    (term,) = assign.expr.terms
+    p, q, p2, q2 = assign.target.indices
+    assert Delta(q, q2) in term.factors or Delta(q2, q) in term.factors
+    A1, A2, X1, X2 = sorted(term.data_factors, key=lambda f: f.name)
+    assert (A1.name, A2.name, X1.name, X2.name) == ("A", "A", "X", "X")
+    assert A1.indices[0] == A2.indices[0]                      # the same row i of A
+    pairs = {(X1.indices[1], X1.indices[0]), (X2.indices[1], X2.indices[0])}
+    assert pairs == {(p, A1.indices[1]), (p2, A2.indices[1])} or \
+        pairs == {(p, A2.indices[1]), (p2, A1.indices[1])}    # (A X)[i, p], (A X)[i, p']
+    L_, d_ = sp.symbols("L d", positive=True, integer=True)
+    assert term.coeff == 2 / (L_ * d_)
+    functional = next(a for a in der.graph.assigns if a.target.name == "functional_W_V_W_V")
+    assert functional.expr.is_zero
