@@ -91,6 +91,14 @@ class ArrayPrinter(PythonCodePrinter):
 class NumpyPrinter(ArrayPrinter):
     module = "np"
 
+    def _print_Max(self, expr: sp.Max) -> str:
+        return f"np.maximum({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
+        # the indicator of x > 0: the almost-everywhere derivative of max(x, 0)
+        arg = self._print(expr.args[0])
+        return f"({arg} > 0).astype({arg}.dtype)"
+
     def _print_Contract(self, node: ir.Contract) -> str:
         # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
         if len(node.operands) < 2:
@@ -108,6 +116,14 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     module = "torch"
+
+    def _print_Max(self, expr: sp.Max) -> str:
+        arg, floor = (a for a in expr.args if a != 0), 0
+        return f"torch.clamp({self._print(next(arg))}, min={floor})"
+
+    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
+        arg = self._print(expr.args[0])
+        return f"({arg} > 0).to({arg}.dtype)"
 
     def _print_RowMax(self, node: ir.RowMax) -> str:
         return f"{node.result} = {node.source}.amax(dim=-1)"

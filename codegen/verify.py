@@ -36,9 +36,39 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
     if config.kind == "layernorm":
         return _normalize(config, X, params.get("gamma"), params.get("beta"))
     if config.kind == "self_attention":
-        scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / params["W_Q"].shape[1] ** 0.5
-        return torch.softmax(scores, dim=-1) @ X @ params["W_V"]
-    raise NotImplementedError(config.kind)
+        return _attention(params, X)
+    if config.kind == "ffn":
+        return _feed_forward(config, params, X)
+    if config.norm_position == "post":
+        Y = _normalize(config, X + _attention(params, X), params.get("gamma_1"),
+                       params.get("beta_1"))
+        return _normalize(config, Y + _feed_forward(config, params, Y), params.get("gamma_2"),
+                          params.get("beta_2"))
+    Y = X + _attention(params, _normalize(config, X, params.get("gamma_1"), params.get("beta_1")))
+    return Y + _feed_forward(config, params, _normalize(config, Y, params.get("gamma_2"),
+                                                         params.get("beta_2")))
+
+
+def _attention(params: dict, X: torch.Tensor) -> torch.Tensor:
+    scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / params["W_Q"].shape[1] ** 0.5
+    return torch.softmax(scores, dim=-1) @ X @ params["W_V"]
+
+
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda u: torch.nn.functional.gelu(u, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "softplus": torch.nn.functional.softplus,
+    "identity": lambda u: u,
+}
+
+
+def _feed_forward(config: Config, params: dict, Y: torch.Tensor) -> torch.Tensor:
+    hidden = Y @ params["W_1"] + params.get("b_1", 0.0)
+    return ACTIVATIONS[config.activation](hidden) @ params["W_2"] + params.get("b_2", 0.0)
 
 
 def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

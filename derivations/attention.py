@@ -4,9 +4,10 @@
 ``A = softmax_row(T)``, ``F = A V``.
 
 The row softmax is written as ``E = exp(T - m)``, ``s_i = Σ_j E_ij``, ``A_ij = E_ij / s_i``
-with ``m_i = max_j T_ij`` a constant shift (it leaves ``A`` unchanged for every value, so
-it carries no derivative and only keeps ``exp`` from overflowing); every derivative of the
-softmax then follows from ``exp`` and ``1/s`` by the calculus.
+(nodes ``T_shift``, ``E``, ``E_sum``, ``A``) with ``m_i = max_j T_ij`` (``T_max``) a
+constant shift: it leaves ``A`` unchanged for every value, so it carries no derivative and
+only keeps ``exp`` from overflowing. Every derivative of the softmax then follows from
+``exp`` and ``1/s`` by the calculus.
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ def softmax_rows(g: Graph, T: Tensor, name: str = "A", prefix: str = "") -> Tens
     """``name = softmax`` of each row of ``T`` (``L×L``)."""
     rows, cols = T.shape
     i, j = g.index(rows, "i"), g.index(cols, "j")
-    m = g.row_max(f"{prefix}m", T)
-    S = g.node(f"{prefix}S", (i, j), T[i, j] - m[i])
-    E = g.node(f"{prefix}E", (i, j), S.apply(exp(), i, j))
-    s = g.node(f"{prefix}s", (i,), E[i, j])
+    m = g.row_max(f"{prefix}T_max", T)
+    shifted = g.node(f"{prefix}T_shift", (i, j), T[i, j] - m[i])
+    E = g.node(f"{prefix}E", (i, j), shifted.apply(exp(), i, j))
+    s = g.node(f"{prefix}E_sum", (i,), E[i, j])
     return g.node(name, (i, j), E[i, j] * s.apply(power(-1, 0, "recip"), i))
 
 
 def self_attention(g: Graph, X: Tensor, out_name: str = "F") -> Attention:
     """Nodes of ``F(X) = softmax(X W_Q W_K^T X^T / sqrt(d_k)) X W_V`` for ``X`` (``L×d``)."""
-    L, d, d_k = sizes.L, sizes.d, sizes.d_k
+    L, d, d_k = sizes.L, sizes.d, sizes.d_k  # X: L×d
     W_Q = g.input("W_Q", (d, d_k), role="param", batched=False)
     W_K = g.input("W_K", (d, d_k), role="param", batched=False)
     W_V = g.input("W_V", (d, d), role="param", batched=False)

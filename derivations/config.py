@@ -37,7 +37,8 @@ APPLIES_TO = {
 
 #: What the engine derives today; anything else is rejected with this message.
 SUPPORTED = {
-    "kind": ("layernorm", "self_attention"),
+    "kind": ("layernorm", "self_attention", "ffn", "block"),
+    "activation": ("relu",),
     "loss": ("mse",),
     "heads": (1,),
     "causal": (False,),

@@ -45,3 +45,19 @@ def power(exponent: sp.Expr, shift: sp.Expr = 0, label: str = "pow") -> ScalarFn
 
 def exp() -> ScalarFn:
     return ScalarFn("exp", sp.exp(x))
+
+
+def activation(name: str) -> ScalarFn:
+    """The FFN activations of DESIGN.md §5 as SymPy expressions of :data:`x`."""
+    expressions = {
+        "relu": sp.Max(x, 0),
+        "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
+        "gelu_tanh": x * (1 + sp.tanh(sp.sqrt(2 / sp.pi)
+                                      * (x + sp.Rational(44715, 1000000) * x**3))) / 2,
+        "silu": x / (1 + sp.exp(-x)),
+        "tanh": sp.tanh(x),
+        "sigmoid": 1 / (1 + sp.exp(-x)),
+        "softplus": sp.log(1 + sp.exp(x)),
+        "identity": x,
+    }
+    return ScalarFn(name, expressions[name])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import attention, calculus, losses, normalization, sizes
+from . import attention, calculus, ffn, losses, normalization, sizes
 from .config import Config
 from .graph import Graph, Tensor
 from .indexform import Expr, Term
@@ -66,6 +66,8 @@ class Derivation:
 
 
 def _build_network(g: Graph, config: Config) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
+    """The forward nodes of the configured sublayer: input ``X``, output, parameters in
+    the order of DESIGN.md §2, and runtime guards."""
     X = g.input("X", (sizes.L, sizes.d))
     if config.kind == "layernorm":
         norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
@@ -73,7 +75,39 @@ def _build_network(g: Graph, config: Config) -> tuple[Tensor, Tensor, list[Tenso
     if config.kind == "self_attention":
         layer = attention.self_attention(g, X)
         return X, layer.output, layer.params, []
-    raise NotImplementedError(config.kind)
+    if config.kind == "ffn":
+        layer = ffn.feed_forward(g, X, config.activation, config.ffn_bias, "Z")
+        return X, layer.output, layer.params, []
+    return (X, *_block(g, config, X))
+
+
+def _block(g: Graph, config: Config, X: Tensor) -> tuple[Tensor, list[Tensor], list[Guard]]:
+    """Post-LN: ``Y = LN_1(X + F(X))``, ``S = Y + FFN(Y)``, ``Z = LN_2(S)``.
+    Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``."""
+    L, d = sizes.L, sizes.d
+    i, j = g.index(L, "i"), g.index(d, "j")
+
+    def norm(U: Tensor, n: int, out: str) -> normalization.Normalized:
+        return normalization.normalize(g, U, config.norm, config.eps, config.affine, out,
+                                       prefix=f"ln{n}_", suffix=f"_{n}")
+
+    if config.norm_position == "post":
+        layer = attention.self_attention(g, X)
+        U = g.node("U", (i, j), X[i, j] + layer.output[i, j])
+        ln1 = norm(U, 1, "Y")
+        mlp = ffn.feed_forward(g, ln1.output, config.activation, config.ffn_bias)
+        S = g.node("S", (i, j), ln1.output[i, j] + mlp.output[i, j])
+        ln2 = norm(S, 2, "Z")
+        output = ln2.output
+    else:
+        ln1 = norm(X, 1, "N_1")
+        layer = attention.self_attention(g, ln1.output)
+        Y = g.node("Y", (i, j), X[i, j] + layer.output[i, j])
+        ln2 = norm(Y, 2, "N_2")
+        mlp = ffn.feed_forward(g, ln2.output, config.activation, config.ffn_bias)
+        output = g.node("Z", (i, j), Y[i, j] + mlp.output[i, j])
+    params = layer.params + mlp.params + ln1.params + ln2.params
+    return output, params, ln1.guards + ln2.guards
 
 
 def derive(config: Config) -> Derivation:

@@ -152,7 +152,7 @@ def _softmax_graph():
 def test_row_softmax_rules_equal_sympy(rows, n):
     g, A = _softmax_graph()
     T = np.array(sp.symbols(f"t0:{rows * n}", real=True)).reshape(rows, n)
-    values = evaluate(g, g.assigns, {"T": T, "m": np.zeros(rows, dtype=object)},
+    values = evaluate(g, g.assigns, {"T": T, "T_max": np.zeros(rows, dtype=object)},
                       {sizes.L: rows, sizes.d: n, B: 1})
     reference = []
     for i in range(rows):
