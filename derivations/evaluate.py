@@ -20,7 +20,11 @@ from .indexform import Apply, Delta, Expr, Ref
 
 def evaluate_expr(graph: Graph, expr: Expr, values: dict[str, np.ndarray],
                   dims: dict[sp.Symbol, int]) -> np.ndarray:
-    """``expr`` as an object array over its free indices."""
+    """``expr`` as an array over its free indices: float arrays when every value read is a
+    float array (deltas built as identity matrices, one ``numpy.einsum`` a term), object
+    arrays entry by entry otherwise (SymPy values)."""
+    if all(values[name].dtype.kind == "f" for name in expr.names()):
+        return _evaluate_floats(expr, values, dims)
     free = expr.free
     out = np.zeros(tuple(dims[i.dim] for i in free), dtype=object)
     applied: dict[tuple, np.ndarray] = {}
@@ -50,6 +54,39 @@ def evaluate_expr(graph: Graph, expr: Expr, values: dict[str, np.ndarray],
     return out
 
 
+def _evaluate_floats(expr: Expr, values: dict[str, np.ndarray],
+                     dims: dict[sp.Symbol, int]) -> np.ndarray:
+    shape = tuple(dims[i.dim] for i in expr.free)
+    out = np.zeros(shape)
+    for term in expr.terms:
+        letters = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(
+            [*expr.free, *term.indices()]))}
+        operands, specs = [], []
+        for factor in term.factors:
+            if isinstance(factor, Delta):
+                array = np.eye(dims[factor.a.dim])
+            elif isinstance(factor, Ref):
+                array = values[factor.name]
+            else:
+                fn = sp.lambdify(fn_variable, factor.fn.expr, modules=[{"Heaviside": _step},
+                                                                       "numpy"])
+                array = np.broadcast_to(fn(values[factor.name]), values[factor.name].shape)
+            operands.append(array)
+            specs.append("".join(letters[i] for i in factor.indices))
+        for index in expr.free:  # free indices that the term does not carry: broadcast
+            if index not in term.indices():
+                operands.append(np.ones(dims[index.dim]))
+                specs.append(letters[index])
+        spec = ",".join(specs) + "->" + "".join(letters[i] for i in expr.free)
+        value = np.einsum(spec, *operands) if operands else np.ones(shape)
+        out = out + float(term.coeff.subs(dims)) * value
+    return out
+
+
+def _step(u, *_):
+    return (np.asarray(u) > 0).astype(float)
+
+
 def _apply(factor: Apply, array: np.ndarray) -> np.ndarray:
     out = np.empty(array.shape, dtype=object)
     for index in np.ndindex(array.shape):
@@ -67,7 +104,8 @@ def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
         if assign.reduction == "max":
             if name not in values:
                 source = values[assign.expr.terms[0].factors[0].name]
-                values[name] = np.array([sp.Max(*row) for row in source], dtype=object)
+                values[name] = (source.max(-1) if source.dtype.kind == "f" else
+                                np.array([sp.Max(*row) for row in source], dtype=object))
             continue
         values[name] = evaluate_expr(graph, assign.expr, values, dims)
     return values

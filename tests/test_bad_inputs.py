@@ -121,3 +121,47 @@ def test_attention_weights_that_do_not_chain(backend):
     params["W_K"] = torch.randn(4, 3, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"params\['W_K'\]: expected shape \(d, d_k\) = \(4, 2\) to match the other inputs, got shape \(4, 3\)"):
         module.forward(to_backend(backend, params), to_backend(backend, X))
+
+
+@pytest.fixture
+def block_case(backend):
+    module = generated_module("paper_block", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}, batch=2)
+    return module, backend, params, X, target
+
+
+def test_ffn_weights_that_do_not_chain(block_case):
+    module, backend, params, X, target = block_case
+    params["W_2"] = torch.randn(6, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"params\['W_2'\]: expected shape \(d_ff, d\) = \(5, 4\) to match the other inputs, got shape \(6, 4\)"):
+        module.loss(to_backend(backend, params), to_backend(backend, X), to_backend(backend, target))
+
+
+def test_block_zero_input_breaks_the_papers_variance_assumption(block_case):
+    """X = 0 makes X + F(X) = 0: LayerNorm_1 sees rows of zero variance (eps = 0)."""
+    module, backend, params, X, target = block_case
+    with pytest.raises(ValueError, match=r"X: LayerNorm_1 needs every row variance > 0 \(the paper's assumption min σ² > 0, here with eps = 0\).*set eps > 0.*sample 0, row 0"):
+        module.hvp(to_backend(backend, params), to_backend(backend, torch.zeros_like(X)),
+                   to_backend(backend, target), to_backend(backend, torch.ones(sum(
+                       v.numel() for v in params.values()), dtype=torch.float64)))
+
+
+def test_block_with_eps_accepts_zero_input(backend):
+    module = generated_module("paper_block_eps", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}, batch=2)
+    H = module.loss_hessian(to_backend(backend, params), to_backend(backend, torch.zeros_like(X)),
+                            to_backend(backend, target), wrt=["W_1", "W_2"])
+    assert H.shape == (40, 40)
+
+
+def test_block_target_of_wrong_shape(block_case):
+    module, backend, params, X, target = block_case
+    with pytest.raises(ValueError, match=r"target: expected shape \(B, L, d\) = \(2, 3, 4\), got shape \(2, 3\)"):
+        module.loss(to_backend(backend, params), to_backend(backend, X),
+                    to_backend(backend, target[..., 0]))
+
+
+def test_block_unknown_wrt_lists_the_parameters(block_case):
+    module, backend, params, X, target = block_case
+    with pytest.raises(ValueError, match=r"wrt: expected 'X' or one of the parameters \['W_Q', 'W_K', 'W_V', 'W_1', 'W_2'\], got 'gamma_1'"):
+        module.jacobian(to_backend(backend, params), to_backend(backend, X), "gamma_1")
