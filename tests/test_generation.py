@@ -11,11 +11,11 @@ from conftest import SHIPPED
 
 from curvgap.codegen import cli
 from curvgap.codegen.generate import (
+    CONFIGS,
     GENERATED,
     GenerationError,
     generate,
     render_all,
-    shipped_configs,
     split_header,
     stale_files,
     write,
@@ -46,10 +46,18 @@ def test_header_records_source_and_content_hashes():
     assert all(len(v) == 64 for v in fields.values())
 
 
+SMALL = [CONFIGS / "layernorm.toml", CONFIGS / "layernorm_affine.toml"]
+
+
 def _out(tmp_path):
     out = tmp_path / "out"
-    generate(None, out, **quiet)
+    generate(SMALL, out, **quiet)
     return out
+
+
+def _check(out) -> list[str]:
+    return ["generate", "--check", "--out", str(out)] + [
+        arg for path in SMALL for arg in ("--config", str(path))]
 
 
 def test_check_catches_a_hand_edit_and_generate_refuses_it(tmp_path, capsys):
@@ -57,13 +65,14 @@ def test_check_catches_a_hand_edit_and_generate_refuses_it(tmp_path, capsys):
     target = out / "torch" / "layernorm.py"
     edited = target.read_text().replace("def forward(", "def forward(  ")
     target.write_text(edited)
-    assert cli.main(["generate", "--check", "--out", str(out)]) == 1
+    assert cli.main(_check(out)) == 1
     assert "torch/layernorm.py: hand-edited" in capsys.readouterr().err
     with pytest.raises(GenerationError, match="hand-edited.*torch/layernorm.py"):
-        generate(None, out, **quiet)
+        generate(SMALL, out, **quiet)
     assert target.read_text() == edited
-    assert cli.main(["generate", "--out", str(out), "--force", "--no-verify"]) == 0
-    assert cli.main(["generate", "--check", "--out", str(out)]) == 0
+    assert cli.main(["generate", "--out", str(out), "--force", "--no-verify", "--config",
+                     str(SMALL[0])]) == 0
+    assert cli.main(_check(out)) == 0
 
 
 def test_check_reports_stale_and_missing_files(tmp_path, capsys):
@@ -72,29 +81,44 @@ def test_check_reports_stale_and_missing_files(tmp_path, capsys):
     fields, body = split_header(stale.read_text())
     stale.write_text(stale.read_text().replace(fields["source-hash"], "0" * 64))
     (out / "torch" / "layernorm_affine.py").unlink()
-    assert cli.main(["generate", "--check", "--out", str(out)]) == 1
+    assert cli.main(_check(out)) == 1
     err = capsys.readouterr().err
     assert "numpy/layernorm.py: stale" in err and "torch/layernorm_affine.py: missing" in err
     # a stale (not hand-edited) file is simply regenerated
-    generate(None, out, **quiet)
-    assert cli.main(["generate", "--check", "--out", str(out)]) == 0
+    generate(SMALL, out, **quiet)
+    assert cli.main(_check(out)) == 0
 
 
-def test_failed_generation_writes_nothing(tmp_path, capsys):
+def test_failed_generation_writes_nothing(tmp_path, capsys, monkeypatch):
     out = _out(tmp_path)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     bad = tmp_path / "bad.toml"
-    bad.write_text('name = "block"\nkind = "block"\n')
-    code = cli.main(["generate", "--config", str(shipped_configs()[0]), "--config", str(bad),
-                     "--out", str(out)])
-    assert code == 2 and "not derived yet" in capsys.readouterr().err
-    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert after == before
+    bad.write_text('name = "bad"\nkind = "layernorm"\nepsilon = 1\n')
+    code = cli.main(["generate", "--config", str(CONFIGS / "layernorm.toml"), "--config",
+                     str(bad), "--out", str(out)])
+    assert code == 2 and "unknown key 'epsilon'" in capsys.readouterr().err
+    # a derivation that breaks after the first config derived: still nothing written
+    from curvgap.codegen import generate as generation
+    real = generation.derive
+
+    def derive_then_fail(config):
+        if config.name == "layernorm_affine":
+            raise RuntimeError("derivation failed")
+        return real(config)
+
+    monkeypatch.setattr(generation, "derive", derive_then_fail)
+    (out / "numpy" / "layernorm.py").write_text(
+        (out / "numpy" / "layernorm.py").read_text().replace("# source-hash: ", "# source-hash: 0"))
+    changed = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(RuntimeError, match="derivation failed"):
+        generate([CONFIGS / "layernorm.toml", CONFIGS / "layernorm_affine.toml"], out, **quiet)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == changed
+    assert before.keys() == changed.keys()
 
 
 def test_write_is_all_or_nothing_when_refusing(tmp_path):
     out = _out(tmp_path)
-    rendered = render_all(list(SHIPPED.values()), **quiet)
+    rendered = render_all([SHIPPED["layernorm"], SHIPPED["layernorm_affine"]], **quiet)
     (out / "numpy" / "layernorm.py").write_text("# hand edit\n")
     untouched = (out / "torch" / "layernorm.py").read_text()
     rendered[1].text += "# changed\n"  # would change torch/layernorm.py
@@ -105,7 +129,7 @@ def test_write_is_all_or_nothing_when_refusing(tmp_path):
 
 def test_duplicate_config_names_are_rejected(tmp_path):
     with pytest.raises(ConfigError, match="share the name 'layernorm'"):
-        generate([shipped_configs()[0], shipped_configs()[0]], tmp_path, **quiet)
+        generate([CONFIGS / "layernorm.toml", CONFIGS / "layernorm.toml"], tmp_path, **quiet)
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED.glob("*/*.py")), ids=lambda p: p.name)
