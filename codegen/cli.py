@@ -12,7 +12,7 @@ from pathlib import Path
 from ..derivations.config import ConfigError
 from .generate import GenerationError, generate, load_configs, stale_files
 
-VERIFY_DIMS = {"L": 3, "d": 5, "d_k": 4, "d_ff": 7}
+VERIFY_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
 TOLERANCE = 1e-10
 
 

@@ -110,10 +110,15 @@ def render(der: Derivation, backend: Backend) -> str:
     context = dict(
         title=title, description=description, config_name=der.config.name,
         backend=backend.name, loss=der.config.loss,
-        params=[(p.name, [str(s) for s in p.shape]) for p in der.params],
+        params=[(p.name, list(der.external_shapes.get(p.name, [str(s) for s in p.shape])))
+                for p in der.params],
+        engine_shapes={p.name: [str(s) for s in p.shape] for p in der.params
+                       if p.name in der.external_shapes},
+        constant_dims={"h": der.config.heads} if der.config.heads > 1 else {},
         input_shape=[str(s) for s in der.X.shape],
         output_shape=[str(s) for s in der.output.shape],
-        target_shape=[str(s) for s in der.target.shape],
+        target_shape=(["L"] if der.config.loss == "cross_entropy"
+                      else [str(s) for s in der.target.shape]),
         variables=[v.name for v in der.variables],
         jacobian=der.jacobian, output_hessian=der.output_hessian,
         loss_hessian=der.loss_hessian, hvp=der.hvp, directions=der.directions,

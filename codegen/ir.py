@@ -73,3 +73,11 @@ class RowMax:
 
     result: str
     source: str
+
+
+@dataclass(frozen=True)
+class CausalBias:
+    """``result = (size × size)`` with 0 on and below the diagonal, ``-inf`` above."""
+
+    result: str
+    size: sp.Expr

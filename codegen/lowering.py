@@ -23,7 +23,8 @@ from ..derivations.model import Derivation
 from . import ir
 
 B = sp.Symbol("B", positive=True, integer=True)
-NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64}
+NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
+           sizes.d_v: 8}
 LETTERS = [c for c in string.ascii_letters if c != "b"]
 
 
@@ -98,6 +99,11 @@ class _Lowerer:
     def assign(self, assign: Assign) -> None:
         target = assign.target
         self.current = target.name
+        if assign.reduction == "causal":
+            size = target.indices[0].dim
+            self.dims.add(size)
+            self.function.statements.append(ir.CausalBias(target.name, size))
+            return
         if assign.reduction == "max":
             source = self.use(assign.expr.terms[0].factors[0].name)
             self.function.statements.append(ir.RowMax(target.name, source))

@@ -13,7 +13,7 @@ from sympy.printing.pycode import PythonCodePrinter
 from . import ir
 
 #: Size symbols: scalars at run time (Python ints), printed with ``**``.
-SIZES = {"B", "L", "d", "d_k", "d_ff"}
+SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v"}
 
 
 class ArrayPrinter(PythonCodePrinter):
@@ -38,6 +38,12 @@ class ArrayPrinter(PythonCodePrinter):
         if all(str(s) in SIZES for s in expr.free_symbols):  # a coefficient in the sizes
             return f"{self.parenthesize(expr.base, 100)}**({self._print(expr.exp)})"
         return self._hprint_Pow(expr, rational=rational, sqrt=f"{self.module}.sqrt")
+
+    def _print_erf(self, expr: sp.Function) -> str:
+        return self._call("erf", expr)
+
+    def _print_Pi(self, expr: sp.Expr) -> str:
+        return repr(float(sp.pi))
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}"
@@ -80,6 +86,9 @@ class ArrayPrinter(PythonCodePrinter):
         target = node.target if node.tie is None else f"{self.tied(node.target, node.tie)}[...]"
         return f"{target} += {self._scaled(value, node.coeff)}"
 
+    def _print_CausalBias(self, node: ir.CausalBias) -> str:
+        return f"{node.result} = _causal_bias(ns, {self._print(node.size)})"
+
     def _print_Guard(self, node: ir.Guard) -> str:
         return (f"_guard(ns, {node.tensor}, {node.scale}, {node.argument!r}, "
                 f"{node.message!r})")
@@ -93,6 +102,9 @@ class NumpyPrinter(ArrayPrinter):
 
     def _print_Max(self, expr: sp.Max) -> str:
         return f"np.maximum({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_erf(self, expr: sp.Function) -> str:
+        return f"_erf({self._print(expr.args[0])})"
 
     def _print_Heaviside(self, expr: sp.Heaviside) -> str:
         # the indicator of x > 0: the almost-everywhere derivative of max(x, 0)

@@ -12,9 +12,11 @@ from __future__ import annotations
 from types import ModuleType
 
 import numpy as np
+import sympy as sp
 import torch
 from torch.func import hessian, jacrev, vmap
 
+from ..derivations import losses
 from ..derivations.config import Config
 
 
@@ -36,22 +38,32 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
     if config.kind == "layernorm":
         return _normalize(config, X, params.get("gamma"), params.get("beta"))
     if config.kind == "self_attention":
-        return _attention(params, X)
+        return _attention(config, params, X)
     if config.kind == "ffn":
         return _feed_forward(config, params, X)
     if config.norm_position == "post":
-        Y = _normalize(config, X + _attention(params, X), params.get("gamma_1"),
+        Y = _normalize(config, X + _attention(config, params, X), params.get("gamma_1"),
                        params.get("beta_1"))
         return _normalize(config, Y + _feed_forward(config, params, Y), params.get("gamma_2"),
                           params.get("beta_2"))
-    Y = X + _attention(params, _normalize(config, X, params.get("gamma_1"), params.get("beta_1")))
+    Y = X + _attention(config, params, _normalize(config, X, params.get("gamma_1"),
+                                                  params.get("beta_1")))
     return Y + _feed_forward(config, params, _normalize(config, Y, params.get("gamma_2"),
                                                          params.get("beta_2")))
 
 
-def _attention(params: dict, X: torch.Tensor) -> torch.Tensor:
-    scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / params["W_Q"].shape[1] ** 0.5
-    return torch.softmax(scores, dim=-1) @ X @ params["W_V"]
+def _attention(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
+    h, L, d = config.heads, X.shape[0], X.shape[1]
+    d_k = params["W_Q"].shape[1] // h
+    Q = (X @ params["W_Q"]).reshape(L, h, d_k).transpose(0, 1)
+    K = (X @ params["W_K"]).reshape(L, h, d_k).transpose(0, 1)
+    V = (X @ params["W_V"]).reshape(L, h, d // h).transpose(0, 1)
+    scores = Q @ K.transpose(1, 2) / d_k ** 0.5
+    if config.causal:
+        scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    heads = torch.softmax(scores, dim=-1) @ V                   # h × L × d_v
+    out = heads.transpose(0, 1).reshape(L, d)
+    return out @ params["W_O"] if config.out_proj else out
 
 
 ACTIVATIONS = {
@@ -75,22 +87,37 @@ def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> tor
     """The per-sample loss of the output ``Z`` (``L×d``)."""
     if config.loss == "mse":
         return ((Z - target) ** 2).sum() / Z.numel()
-    raise NotImplementedError(config.loss)
+    if config.loss == "cross_entropy":
+        return torch.nn.functional.cross_entropy(Z, target)
+    residual = sp.lambdify(losses.r, losses.residual_loss(config.loss), modules=_TORCH_FUNCTIONS)
+    return residual(Z - target).sum() / Z.numel()
+
+
+_TORCH_FUNCTIONS = [{name: getattr(torch, name) for name in
+                     ("exp", "log", "cosh", "sinh", "tanh", "sqrt", "abs", "erf")}, "math"]
 
 
 def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int = 0,
                 dtype: torch.dtype = torch.float64) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Random parameters (``gamma`` near 1), input and target for ``module``."""
     gen = torch.Generator().manual_seed(seed)
+    dims = {**dims, **getattr(module, "_CONSTANT_DIMS", {})}
+
+    def size(name: str) -> int:
+        return int(np.prod([dims[factor] for factor in name.split("*")]))
+
     params = {}
     for name, shape in module.PARAMS:
-        value = torch.randn(*(dims[s] for s in shape), generator=gen, dtype=dtype)
+        value = torch.randn(*(size(s) for s in shape), generator=gen, dtype=dtype)
         if name.startswith("gamma"):
             value = 1 + 0.3 * value
         params[name] = value
     X = torch.randn(batch, *(dims[s] for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
-    target = torch.randn(batch, *(dims[s] for s in module.TARGET_SHAPE), generator=gen,
-                         dtype=dtype)
+    if module.LOSS == "cross_entropy":
+        target = torch.randint(0, dims["d"], (batch, dims["L"]), generator=gen)
+    else:
+        target = torch.randn(batch, *(dims[s] for s in module.TARGET_SHAPE), generator=gen,
+                             dtype=dtype)
     return params, X, target
 
 

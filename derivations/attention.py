@@ -26,31 +26,59 @@ class Attention:
     output: Tensor
     params: list[Tensor]
     softmax: Tensor
+    #: shapes users pass when they differ from the engine's (heads split out of a width)
+    external_shapes: dict[str, tuple[str, ...]]
 
 
-def softmax_rows(g: Graph, T: Tensor, name: str = "A", prefix: str = "") -> Tensor:
-    """``name = softmax`` of each row of ``T`` (``L×L``)."""
-    rows, cols = T.shape
-    i, j = g.index(rows, "i"), g.index(cols, "j")
+def softmax_rows(g: Graph, T: Tensor, name: str = "A", prefix: str = "",
+                 causal: bool = False) -> Tensor:
+    """``name = softmax`` over the last axis of ``T`` (``... × L × L``); with ``causal``,
+    entries above the diagonal of the last two axes are set to ``-inf`` first."""
+    idx = tuple(g.index(dim, "i") for dim in T.shape)
+    rows = idx[:-1]
+    if causal:
+        bias = g.causal_bias(f"{prefix}T_mask", T.shape[-1])
+        T = g.node(f"{prefix}T_masked", idx, T[idx] + bias[idx[-2:]])
     m = g.row_max(f"{prefix}T_max", T)
-    shifted = g.node(f"{prefix}T_shift", (i, j), T[i, j] - m[i])
-    E = g.node(f"{prefix}E", (i, j), shifted.apply(exp(), i, j))
-    s = g.node(f"{prefix}E_sum", (i,), E[i, j])
-    return g.node(name, (i, j), E[i, j] * s.apply(power(-1, 0, "recip"), i))
+    shifted = g.node(f"{prefix}T_shift", idx, T[idx] - m[rows])
+    E = g.node(f"{prefix}E", idx, shifted.apply(exp(), *idx))
+    s = g.node(f"{prefix}E_sum", rows, E[idx])
+    return g.node(name, idx, E[idx] * s.apply(power(-1, 0, "recip"), *rows))
 
 
-def self_attention(g: Graph, X: Tensor, out_name: str = "F") -> Attention:
-    """Nodes of ``F(X) = softmax(X W_Q W_K^T X^T / sqrt(d_k)) X W_V`` for ``X`` (``L×d``)."""
-    L, d, d_k = sizes.L, sizes.d, sizes.d_k  # X: L×d
-    W_Q = g.input("W_Q", (d, d_k), role="param", batched=False)
-    W_K = g.input("W_K", (d, d_k), role="param", batched=False)
-    W_V = g.input("W_V", (d, d), role="param", batched=False)
-    i, j, c, a, e = (g.index(L, "i"), g.index(L, "j"), g.index(d, "c"), g.index(d_k, "a"),
-                     g.index(d, "e"))
-    Q = g.node("Q", (i, a), X[i, c] * W_Q[c, a])
-    K = g.node("K", (j, a), X[j, c] * W_K[c, a])
-    V = g.node("V", (j, e), X[j, c] * W_V[c, e])
-    T = g.node("T_att", (i, j), (1 / sp.sqrt(d_k)) * Q[i, a] * K[j, a])
-    A = softmax_rows(g, T)
-    F = g.node(out_name, (i, e), A[i, j] * V[j, e])
-    return Attention(F, [W_Q, W_K, W_V], A)
+def self_attention(g: Graph, X: Tensor, heads: int = 1, causal: bool = False,
+                   out_proj: bool = False, out_name: str = "F") -> Attention:
+    """Nodes of ``F(X) = softmax(X W_Q W_K^T X^T / sqrt(d_k)) X W_V`` for ``X`` (``L×d``);
+    with ``heads > 1`` the columns of ``W_Q, W_K`` (``d × h·d_k``) and ``W_V`` (``d × d``)
+    are split into heads (engine shapes ``d×h×d_k`` and ``d×h×d_v``, ``d_v = d/h``), and
+    the concatenated heads are multiplied by ``W_O`` (``d × d``, engine shape
+    ``h×d_v×d``)."""
+    L, d, d_k, d_v, h = sizes.L, sizes.d, sizes.d_k, sizes.d_v, sizes.h
+    if heads > 1 and not out_proj:
+        raise NotImplementedError("heads > 1 without out_proj")
+    split = heads > 1
+    H = (g.index(h, "h"),) if split else ()
+    i, j, c, a = g.index(L, "i"), g.index(L, "j"), g.index(d, "c"), g.index(d_k, "a")
+    e = g.index(d_v if split else d, "e")
+    W_Q = g.input("W_Q", (d, *(h,) * split, d_k), role="param", batched=False)
+    W_K = g.input("W_K", (d, *(h,) * split, d_k), role="param", batched=False)
+    W_V = g.input("W_V", (d, *(h,) * split, d_v if split else d), role="param", batched=False)
+    Q = g.node("Q", (i, *H, a), X[i, c] * W_Q[(c, *H, a)])
+    K = g.node("K", (j, *H, a), X[j, c] * W_K[(c, *H, a)])
+    V = g.node("V", (j, *H, e), X[j, c] * W_V[(c, *H, e)])
+    T = g.node("T_att", (*H, i, j), (1 / sp.sqrt(d_k)) * Q[(i, *H, a)] * K[(j, *H, a)])
+    A = softmax_rows(g, T, causal=causal)
+    params = [W_Q, W_K, W_V]
+    external = {}
+    if not out_proj:
+        F = g.node(out_name, (i, e), A[(*H, i, j)] * V[(j, *H, e)])
+        return Attention(F, params, A, external)
+    heads_out = g.node("F_heads", (i, *H, e), A[(*H, i, j)] * V[(j, *H, e)])
+    W_O = g.input("W_O", (*(h,) * split, d_v if split else d, d), role="param", batched=False)
+    params.append(W_O)
+    out = g.index(d, "o")
+    F = g.node(out_name, (i, out), heads_out[(i, *H, e)] * W_O[(*H, e, out)])
+    if split:
+        external = {"W_Q": ("d", "h*d_k"), "W_K": ("d", "h*d_k"), "W_V": ("d", "d"),
+                    "W_O": ("d", "d")}
+    return Attention(F, params, A, external)

@@ -101,6 +101,10 @@ def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
     gives the same result, and 0 keeps symbolic proofs simple."""
     for assign in assigns:
         name = assign.target.name
+        if assign.reduction == "causal":
+            n = dims[assign.target.indices[0].dim]
+            values[name] = np.triu(np.full((n, n), -np.inf), 1)
+            continue
         if assign.reduction == "max":
             if name not in values:
                 source = values[assign.expr.terms[0].factors[0].name]

@@ -64,7 +64,7 @@ class Assign:
 
     @property
     def differentiable(self) -> bool:
-        """False for constants (a stop-gradient reduction such as a row maximum)."""
+        """False for constants (a row maximum, a causal mask): no derivative is taken."""
         return self.reduction is None
 
 
@@ -122,6 +122,14 @@ class Graph:
         tensor = self.declare(name, indices, source.batched, role="constant")
         expr = source[source.indices].with_free(source.indices)
         self.assigns.append(Assign(tensor, expr, self.current_group, reduction="max"))
+        return tensor
+
+    def causal_bias(self, name: str, dim: sp.Symbol) -> Tensor:
+        """A constant ``name[i, j]``: 0 where ``j <= i``, ``-inf`` where ``j > i``."""
+        tensor = self.declare(name, (self.index(dim, "i"), self.index(dim, "j")), False,
+                              role="constant")
+        self.assigns.append(Assign(tensor, Expr([], tensor.indices), self.current_group,
+                                   reduction="causal"))
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:

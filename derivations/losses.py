@@ -1,16 +1,61 @@
 """Per-sample losses of the output ``Z`` (``L×d``) as index-form nodes (DESIGN.md §2).
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
+Cross-entropy: the rows of ``Z`` are logits over ``d`` classes and ``T`` is the one-hot
+target: ``ell = Σ_i (log Σ_j exp(Z_ij - m_i) + m_i - Σ_j T_ij Z_ij) / L`` with ``m_i`` the row
+maximum (a constant shift, as in the softmax).
+Residual losses registered with :func:`register_residual_loss`:
+``ell = Σ_ij f(Z_ij - T_ij) / (L·d)`` for a SymPy expression ``f`` of the residual.
 """
 
 from __future__ import annotations
 
+import sympy as sp
+
+from .functions import ScalarFn, exp, x
 from .graph import Graph, Tensor
 
+#: The residual variable of user losses.
+r = sp.Symbol("r", real=True)
 
-def mse(g: Graph, Z: Tensor, target: Tensor) -> Tensor:
-    """The per-sample mean squared error ``ell`` (a scalar per sample)."""
+_RESIDUAL: dict[str, sp.Expr] = {}
+
+
+def register_residual_loss(name: str, expr: sp.Expr) -> None:
+    """Make ``loss = "<name>"`` mean ``mean_ij f(Z_ij - T_ij)`` with ``f = expr``, a SymPy
+    expression of :data:`r`, twice differentiable (for example ``log(cosh(r))``)."""
+    if not name.isidentifier() or name in ("mse", "cross_entropy"):
+        raise ValueError(f"name: expected a new identifier for the loss, got {name!r}")
+    expr = sp.sympify(expr)
+    if expr.free_symbols - {r}:
+        raise ValueError(f"expr: expected an expression of the residual r alone, got free "
+                         f"symbols {sorted(map(str, expr.free_symbols))}")
+    _RESIDUAL[name] = expr
+
+
+def names() -> tuple[str, ...]:
+    """Every loss name a config may use."""
+    return ("mse", "cross_entropy", *_RESIDUAL)
+
+
+def residual_loss(name: str) -> sp.Expr:
+    return _RESIDUAL[name]
+
+
+def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
+    """The nodes of ``loss`` on ``Z`` and ``target``, ending in the per-sample ``ell``."""
     rows, width = Z.shape
     i, j = g.index(rows, "i"), g.index(width, "j")
+    if loss == "mse":
+        D = g.node("D", (i, j), Z[i, j] - target[i, j])
+        return g.node("ell", (), (1 / (rows * width)) * D[i, j] * D[i, j])
+    if loss == "cross_entropy":
+        m = g.row_max("ce_max", Z)
+        shifted = g.node("ce_shift", (i, j), Z[i, j] - m[i])
+        total = g.node("ce_sum", (i,), shifted.apply(exp(), i, j))
+        log = ScalarFn("log", sp.log(x))
+        return g.node("ell", (), (1 / rows) * (total.apply(log, i) + m[i]
+                                               - target[i, j] * Z[i, j]))
     D = g.node("D", (i, j), Z[i, j] - target[i, j])
-    return g.node("ell", (), (1 / (rows * width)) * D[i, j] * D[i, j])
+    f = ScalarFn(loss, _RESIDUAL[loss].subs(r, x))
+    return g.node("ell", (), (1 / (rows * width)) * D.apply(f, i, j))

@@ -55,6 +55,7 @@ class Derivation:
     loss_hessian: dict[tuple[str, str, str], str] = field(default_factory=dict)
     hvp: dict[str, str] = field(default_factory=dict)
     directions: dict[str, str] = field(default_factory=dict)
+    external_shapes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def variables(self) -> list[Tensor]:
@@ -65,23 +66,28 @@ class Derivation:
         return self.graph.group(name)
 
 
-def _build_network(g: Graph, config: Config) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
+def _build_network(g: Graph, config: Config, external: dict | None = None
+                   ) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
     """The forward nodes of the configured sublayer: input ``X``, output, parameters in
-    the order of DESIGN.md §2, and runtime guards."""
+    the order of DESIGN.md §2, and runtime guards; ``external`` collects the shapes users
+    pass where they differ from the engine's."""
+    external = {} if external is None else external
     X = g.input("X", (sizes.L, sizes.d))
     if config.kind == "layernorm":
         norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
         return X, norm.output, norm.params, norm.guards
     if config.kind == "self_attention":
-        layer = attention.self_attention(g, X)
+        layer = attention.self_attention(g, X, config.heads, config.causal, config.out_proj)
+        external.update(layer.external_shapes)
         return X, layer.output, layer.params, []
     if config.kind == "ffn":
         layer = ffn.feed_forward(g, X, config.activation, config.ffn_bias, "Z")
         return X, layer.output, layer.params, []
-    return (X, *_block(g, config, X))
+    return (X, *_block(g, config, X, external))
 
 
-def _block(g: Graph, config: Config, X: Tensor) -> tuple[Tensor, list[Tensor], list[Guard]]:
+def _block(g: Graph, config: Config, X: Tensor, external: dict
+           ) -> tuple[Tensor, list[Tensor], list[Guard]]:
     """Post-LN: ``Y = LN_1(X + F(X))``, ``S = Y + FFN(Y)``, ``Z = LN_2(S)``.
     Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``."""
     L, d = sizes.L, sizes.d
@@ -91,8 +97,13 @@ def _block(g: Graph, config: Config, X: Tensor) -> tuple[Tensor, list[Tensor], l
         return normalization.normalize(g, U, config.norm, config.eps, config.affine, out,
                                        prefix=f"ln{n}_", suffix=f"_{n}")
 
+    def attend(U: Tensor) -> attention.Attention:
+        layer = attention.self_attention(g, U, config.heads, config.causal, config.out_proj)
+        external.update(layer.external_shapes)
+        return layer
+
     if config.norm_position == "post":
-        layer = attention.self_attention(g, X)
+        layer = attend(X)
         U = g.node("U", (i, j), X[i, j] + layer.output[i, j])
         ln1 = norm(U, 1, "Y")
         mlp = ffn.feed_forward(g, ln1.output, config.activation, config.ffn_bias)
@@ -101,7 +112,7 @@ def _block(g: Graph, config: Config, X: Tensor) -> tuple[Tensor, list[Tensor], l
         output = ln2.output
     else:
         ln1 = norm(X, 1, "N_1")
-        layer = attention.self_attention(g, ln1.output)
+        layer = attend(ln1.output)
         Y = g.node("Y", (i, j), X[i, j] + layer.output[i, j])
         ln2 = norm(Y, 2, "N_2")
         mlp = ffn.feed_forward(g, ln2.output, config.activation, config.ffn_bias)
@@ -113,12 +124,13 @@ def _block(g: Graph, config: Config, X: Tensor) -> tuple[Tensor, list[Tensor], l
 def derive(config: Config) -> Derivation:
     """Every group of assignments that the generated modules of ``config`` need."""
     g = Graph()
+    external: dict[str, tuple[str, ...]] = {}
     with g.group("forward"):
-        X, Z, params, guards = _build_network(g, config)
+        X, Z, params, guards = _build_network(g, config, external)
     target = g.input("T", (sizes.L, sizes.d), role="target")
     with g.group("loss"):
-        ell = losses.mse(g, Z, target)
-    der = Derivation(config, g, X, target, Z, ell, params, guards)
+        ell = losses.build(g, config.loss, Z, target)
+    der = Derivation(config, g, X, target, Z, ell, params, guards, external_shapes=external)
     der.groups["forward"] = Group("forward", ())
     der.groups["loss"] = Group("loss", ("forward",), needs_target=True)
     forward, loss = g.in_group("forward"), g.in_group("loss")

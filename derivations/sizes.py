@@ -6,3 +6,5 @@ L = sp.Symbol("L", positive=True, integer=True)
 d = sp.Symbol("d", positive=True, integer=True)
 d_k = sp.Symbol("d_k", positive=True, integer=True)
 d_ff = sp.Symbol("d_ff", positive=True, integer=True)
+h = sp.Symbol("h", positive=True, integer=True)      # heads (a config constant)
+d_v = sp.Symbol("d_v", positive=True, integer=True)  # value width per head, d / h

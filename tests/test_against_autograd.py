@@ -10,7 +10,7 @@ from curvgap.codegen.generate import generate
 from curvgap.codegen.verify import check_module
 
 TOLERANCE = 1e-10
-SIZES = [({"L": 3, "d": 5, "d_k": 4, "d_ff": 7}, 2), ({"L": 4, "d": 3, "d_k": 2, "d_ff": 5}, 3)]
+SIZES = [({"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, 2), ({"L": 5, "d": 6, "d_k": 2, "d_ff": 3}, 3)]
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

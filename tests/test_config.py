@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from curvgap.derivations.config import CHOICES, SUPPORTED, ConfigError, load, validate
+from curvgap.derivations.config import ConfigError, load, validate
 
 
 def test_defaults_are_the_papers_block():
@@ -53,19 +53,23 @@ def test_option_that_does_not_apply_to_the_kind():
         validate({"name": "a", "kind": "layernorm", "heads": 2})
 
 
-def _valid_but_not_derived():
-    for key, derived in SUPPORTED.items():
-        for value in CHOICES.get(key, ()):
-            if value not in derived:
-                return key, value
-    return None
+def test_heads_without_output_projection_is_rejected_with_a_reason():
+    with pytest.raises(ConfigError, match="heads = 2 needs out_proj = true: concatenating "
+                                          "heads without W_O is not derived yet"):
+        validate({"name": "a", "kind": "block", "heads": 2})
 
 
-@pytest.mark.skipif(_valid_but_not_derived() is None, reason="every valid option is derived")
-def test_valid_but_not_yet_derived_is_rejected_with_a_reason():
-    key, value = _valid_but_not_derived()
-    with pytest.raises(ConfigError, match=f"{key} = {value!r} is valid but not derived yet"):
-        validate({"name": "a", "kind": "block", key: value})
+def test_registered_residual_loss_becomes_a_valid_choice():
+    import sympy as sp
+
+    from curvgap.derivations.losses import r, register_residual_loss
+
+    with pytest.raises(ConfigError, match="'loss' must be one of mse, cross_entropy"):
+        validate({"name": "a", "kind": "ffn", "loss": "log_cosh_test"})
+    register_residual_loss("log_cosh_test", sp.log(sp.cosh(r)))
+    assert validate({"name": "a", "kind": "ffn", "loss": "log_cosh_test"}).loss == "log_cosh_test"
+    with pytest.raises(ValueError, match="expected an expression of the residual r alone"):
+        register_residual_loss("bad_loss", sp.Symbol("z") * r)
 
 
 def test_toml_is_parsed_as_data(tmp_path):
