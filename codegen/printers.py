@@ -25,14 +25,17 @@ class ArrayPrinter(PythonCodePrinter):
     def _call(self, function: str, expr: sp.Function) -> str:
         return f"{self.module}.{function}({', '.join(self._print(a) for a in expr.args)})"
 
-    def _print_exp(self, expr: sp.Function) -> str:
-        return self._call("exp", expr)
+    def _unsupported(self, expr: sp.Function) -> str:
+        # SymPy's Python printer would fall back to the math module, which takes no arrays
+        raise ValueError(f"no {self.module} code for the function {type(expr).__name__}; "
+                         f"the array functions printed are: {', '.join(ARRAY_FUNCTIONS)}, "
+                         "erf, Abs, Max, Heaviside")
 
-    def _print_log(self, expr: sp.Function) -> str:
-        return self._call("log", expr)
+    def _constant(self, expr: sp.Expr) -> str:
+        return repr(float(expr))
 
-    def _print_tanh(self, expr: sp.Function) -> str:
-        return self._call("tanh", expr)
+    def _print_Abs(self, expr: sp.Function) -> str:
+        return self._call("abs", expr)
 
     def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
         if all(str(s) in SIZES for s in expr.free_symbols):  # a coefficient in the sizes
@@ -41,9 +44,6 @@ class ArrayPrinter(PythonCodePrinter):
 
     def _print_erf(self, expr: sp.Function) -> str:
         return self._call("erf", expr)
-
-    def _print_Pi(self, expr: sp.Expr) -> str:
-        return repr(float(sp.pi))
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}"
@@ -95,6 +95,20 @@ class ArrayPrinter(PythonCodePrinter):
 
     def tied(self, target: str, spec: str) -> str:
         raise NotImplementedError
+
+
+#: Functions with the same name in numpy and torch, printed as ``module.name(...)``.
+ARRAY_FUNCTIONS = ("exp", "log", "tanh", "cosh", "sinh", "cos", "sin", "tan", "sign")
+# SymPy's Python printer maps known functions and constants to the math module; here the
+# array functions go to the array module, constants become numbers, the rest is refused.
+for _name in PythonCodePrinter._kf:
+    if _name not in ("erf", "Abs"):  # printed by ArrayPrinter's own methods
+        setattr(ArrayPrinter, f"_print_{_name}", ArrayPrinter._unsupported)
+for _name in PythonCodePrinter._kc:
+    setattr(ArrayPrinter, f"_print_{_name}", ArrayPrinter._constant)
+for _name in ARRAY_FUNCTIONS:
+    setattr(ArrayPrinter, f"_print_{_name}",
+            lambda self, expr, _name=_name: self._call(_name, expr))
 
 
 class NumpyPrinter(ArrayPrinter):

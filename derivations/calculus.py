@@ -57,11 +57,16 @@ def _factor_tangent(graph: Graph, factor: Ref | Apply, tangents: Tangents,
     terms = instantiate(graph, tangents.by_name[factor.name], mapping)
     if isinstance(factor, Ref):
         return terms
-    derivative = factor.fn.diff()
-    if derivative.is_zero:
-        return []
-    outer = Apply(derivative, factor.name, factor.indices)
-    return [Term(t.coeff, (outer,) + t.factors) for t in terms]
+    coeff, outer = applied(factor.fn.diff(), factor.name, factor.indices)
+    return [Term(coeff * t.coeff, outer + t.factors) for t in terms] if coeff != 0 else []
+
+
+def applied(fn, name: str, indices: tuple[Index, ...]) -> tuple[sp.Expr, tuple]:
+    """``fn(name)[indices]`` as a coefficient and factors: a constant function (a zero
+    second derivative, the slope of the identity) becomes a number, not an array."""
+    if fn.expr.is_number:
+        return fn.expr, ()
+    return sp.Integer(1), (Apply(fn, name, indices),)
 
 
 def close(term: Term, summed: set[Index]) -> Term:
@@ -123,16 +128,15 @@ def second_local(graph: Graph, expr: Expr, first: Tangents, second: Tangents,
                         k: _factor_tangent(graph, fk, first, first_map),
                         m: _factor_tangent(graph, fm, second, second_map)}, expr.free)
             if isinstance(fk, Apply) and _depends(fk, second):
-                curvature = fk.fn.diff().diff()
-                if curvature.is_zero:
+                scale, curvature = applied(fk.fn.diff().diff(), fk.name, fk.indices)
+                if scale == 0:
                     continue
                 tensor = graph.tensors[fk.name]
                 base = dict(zip(tensor.indices, fk.indices))
                 for a in instantiate(graph, first.by_name[fk.name], base | first_map):
                     for b in instantiate(graph, second.by_name[fk.name], base | second_map):
-                        factor = Term(a.coeff * b.coeff,
-                                      (Apply(curvature, fk.name, fk.indices),)
-                                      + a.factors + b.factors)
+                        factor = Term(scale * a.coeff * b.coeff,
+                                      curvature + a.factors + b.factors)
                         terms += _product(term, {k: [factor]}, expr.free)
     free = (expr.free + tuple(first_map[i] for i in first.indices)
             + tuple(second_map[i] for i in second.indices))
@@ -203,15 +207,16 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
                 moved = local.factors[k]
                 ties = tuple(Delta(a, b) for a, b in zip(moved.indices, tensor.indices))
                 rest = local.factors[:k] + local.factors[k + 1:]
+                scale = sp.Integer(1)
                 if isinstance(factor, Apply):
-                    derivative = factor.fn.diff()
-                    if derivative.is_zero:
+                    scale, slope = applied(factor.fn.diff(), factor.name, moved.indices)
+                    if scale == 0:
                         continue
-                    rest = rest + (Apply(derivative, factor.name, moved.indices),)
+                    rest = rest + slope
                 summed = set(mapping.values())
                 for o in outer:
                     pending.setdefault(factor.name, []).append(close(
-                        Term(o.coeff * local.coeff, o.factors + rest + ties), summed))
+                        Term(scale * o.coeff * local.coeff, o.factors + rest + ties), summed))
     for name, terms in pending.items():
         assert name not in defined
         adjoints[name] = _bind_adjoint(graph, graph.tensors[name], terms)

@@ -33,10 +33,6 @@ class ScalarFn:
         derivative = sp.diff(self.expr, x).replace(sp.DiracDelta, lambda *args: sp.S.Zero)
         return ScalarFn(self.label + "'", derivative)
 
-    @property
-    def is_zero(self) -> bool:
-        return self.expr == 0
-
 
 def power(exponent: sp.Expr, shift: sp.Expr = 0, label: str = "pow") -> ScalarFn:
     """``(x + shift) ** exponent``."""

@@ -1,0 +1,106 @@
+"""Option combinations that are not shipped, generated inside the test run into a temporary
+folder and checked against torch.func like the shipped ones; and every rejection path."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import sympy as sp
+import torch
+from conftest import to_backend
+
+from curvgap.codegen.generate import generate
+from curvgap.codegen.verify import check_module, random_case
+from curvgap.derivations.config import ConfigError, load, validate
+from curvgap.derivations.losses import r, register_residual_loss
+
+TOLERANCE = 1e-10
+DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}
+
+VARIANTS = {
+    "ffn_gelu_bias": 'kind = "ffn"\nactivation = "gelu"\nffn_bias = true',
+    "ffn_sigmoid": 'kind = "ffn"\nactivation = "sigmoid"',
+    "ffn_softplus": 'kind = "ffn"\nactivation = "softplus"',
+    "ffn_tanh_ce": 'kind = "ffn"\nactivation = "tanh"\nloss = "cross_entropy"',
+    "ffn_identity": 'kind = "ffn"\nactivation = "identity"\nffn_bias = true',
+    "attention_heads_causal": 'kind = "self_attention"\nheads = 2\ncausal = true\nout_proj = true',
+    "attention_out_proj": 'kind = "self_attention"\nout_proj = true\nloss = "cross_entropy"',
+    "rmsnorm_ce": 'kind = "layernorm"\nnorm = "rmsnorm"\nloss = "cross_entropy"',
+    "post_rms_gelu_heads": ('kind = "block"\nnorm = "rmsnorm"\neps = 1e-6\naffine = true\n'
+                            'heads = 2\nout_proj = true\nactivation = "gelu_tanh"'),
+    "pre_ln_relu_causal": 'kind = "block"\nnorm_position = "pre"\ncausal = true',
+    "ffn_log_cosh": 'kind = "ffn"\nactivation = "silu"\nloss = "log_cosh"',
+}
+
+
+def _load_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    register_residual_loss("log_cosh", sp.log(sp.cosh(r)))
+    folder = tmp_path_factory.mktemp("variants")
+    paths = []
+    for name, body in VARIANTS.items():
+        path = folder / f"{name}.toml"
+        path.write_text(f'name = "{name}"\n{body}\n')
+        paths.append(path)
+    written = generate(paths, folder / "out", report=lambda line: None)
+    return {(p.stem, p.parent.name): p for p in written}, {p.stem: load(p) for p in paths}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_matches_torch_func(variants, name, backend):
+    files, configs = variants
+    module = _load_module(files[name, backend], f"variant_{name}_{backend}")
+    errors = check_module(configs[name], module, backend, DIMS, batch=2, seed=3)
+    bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
+    assert not bad, bad
+
+
+def test_custom_loss_module_names_its_loss(variants):
+    files, _ = variants
+    module = _load_module(files["ffn_log_cosh", "numpy"], "variant_log_cosh")
+    assert module.LOSS == "log_cosh"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"kind": "block", "heads": 2}, "heads = 2 needs out_proj = true"),
+    ({"kind": "layernorm", "causal": True}, "'causal' applies to kind block or self_attention"),
+    ({"kind": "ffn", "norm": "rmsnorm"}, "'norm' applies to kind block or layernorm"),
+    ({"kind": "self_attention", "activation": "gelu"}, "'activation' applies to kind block or ffn"),
+    ({"kind": "block", "heads": 0}, "'heads' must be >= 1, got 0"),
+    ({"kind": "block", "loss": "huber"}, "'loss' must be one of mse, cross_entropy"),
+])
+def test_rejected_combinations(data, message):
+    with pytest.raises(ConfigError, match=message):
+        validate({"name": "v", **data})
+
+
+def test_width_not_divisible_by_heads(backend):
+    from conftest import generated_module
+
+    module = generated_module("gpt2_block", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, batch=2)
+    with pytest.raises(ValueError, match=r"X: expected a width d divisible by the number of heads h = 2, got d = 5"):
+        module.forward(to_backend(backend, params),
+                       to_backend(backend, torch.randn(2, 3, 5, dtype=torch.float64)))
+
+
+def test_cross_entropy_targets_are_checked(backend):
+    from conftest import generated_module
+
+    module = generated_module("gpt2_block", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, batch=2)
+    P, Xb = to_backend(backend, params), to_backend(backend, X)
+    with pytest.raises(ValueError, match=r"target: expected class indices in \[0, d\) = \[0, 4\), got values from 0 to 4"):
+        module.loss(P, Xb, to_backend(backend, torch.tensor([[0, 1, 4], [1, 2, 3]])))
+    with pytest.raises(TypeError, match="target: expected integer class indices"):
+        module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, dtype=torch.float64)))
+    with pytest.raises(ValueError, match=r"target: expected class indices of shape \(B, L\) = \(2, 3\), got shape \(2, 3, 4\)"):
+        module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, 4, dtype=torch.int64)))
