@@ -53,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--force", action="store_true", help="overwrite hand-edited files")
     gen.add_argument("--no-verify", action="store_true",
                      help="skip the numerical check of the written modules")
+    bench = commands.add_parser("bench", help="time generated code against torch.func "
+                                              "and curvlinops")
+    bench.add_argument("--config", default="paper_block", help="a shipped config name")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (a smoke test)")
+    bench.add_argument("--out", metavar="DIR", default="bench-results",
+                       help="where bench.json and bench.png go (default: bench-results/)")
     args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        from ..benchmarks.suite import run
+
+        run(args.config, args.quick, Path(args.out))
+        return 0
 
     start = time.perf_counter()
     try:

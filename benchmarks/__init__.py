@@ -1,0 +1,1 @@
+"""Benchmarks: generated modules against torch.func and curvlinops, in one process."""

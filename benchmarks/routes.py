@@ -1,0 +1,127 @@
+"""The competing routes to each quantity: generated code, ``torch.func`` and curvlinops.
+
+Every route is a zero-argument callable returning the quantity, so the runner can time
+them alike; the autograd routes differentiate the plain PyTorch forward pass of
+:mod:`curvgap.codegen.verify` (no engine code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
+
+from ..codegen.verify import reference_loss, reference_output
+from ..derivations.config import Config
+
+
+class ReferenceModel(torch.nn.Module):
+    """The configured sublayer as an ``nn.Module`` over a batch (for curvlinops)."""
+
+    def __init__(self, config: Config, params: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.config = config
+        self.names = list(params)
+        for name, value in params.items():
+            self.register_parameter(name, torch.nn.Parameter(value.clone()))
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        params = {name: getattr(self, name) for name in self.names}
+        return vmap(lambda x: reference_output(self.config, params, x))(X)
+
+
+class Routes:
+    """Callables for one case: ``params``, input ``X``, ``target`` and direction ``v``."""
+
+    def __init__(self, config: Config, torch_module: ModuleType, numpy_module: ModuleType,
+                 params: dict, X: torch.Tensor, target: torch.Tensor, v: torch.Tensor) -> None:
+        self.config, self.params, self.X, self.target, self.v = config, params, X, target, v
+        self.torch_module, self.numpy_module = torch_module, numpy_module
+        self.numpy_args = ({k: t.numpy() for k, t in params.items()}, X.numpy(),
+                           target.numpy())
+        self.names = [name for name, _ in torch_module.PARAMS]
+        self.model = ReferenceModel(config, params)
+
+    # -- curvgap ------------------------------------------------------------------------
+    def curvgap(self, backend: str, function: str, **kwargs) -> Callable:
+        if backend == "torch":
+            module, args = self.torch_module, (self.params, self.X, self.target)
+        else:
+            module, args = self.numpy_module, self.numpy_args
+        if function == "jacobian":
+            return lambda: [module.jacobian(args[0], args[1], name) for name in self.names]
+        if function == "hvp":
+            v = self.v if backend == "torch" else self.v.numpy()
+            return lambda: module.hvp(*args, v)
+        return lambda: module.loss_hessian(*args, **kwargs)
+
+    # -- torch.func -----------------------------------------------------------------------
+    def _batch_loss(self, params: dict) -> torch.Tensor:
+        def one(x, t):
+            return reference_loss(self.config, reference_output(self.config, params, x), t)
+        return vmap(one)(self.X, self.target).mean()
+
+    def hessian_batch(self, names: list[str] | None = None) -> Callable:
+        """``torch.func.hessian`` of the batch loss over ``names`` (a dict of blocks)."""
+        names = names or self.names
+        fixed = {k: v for k, v in self.params.items() if k not in names}
+        return lambda: hessian(lambda p: self._batch_loss({**fixed, **p}))(
+            {k: self.params[k] for k in names})
+
+    def hessian_per_sample(self) -> Callable:
+        """``torch.func.hessian`` of each sample's loss, averaged."""
+        def one(p, x, t):
+            return reference_loss(self.config, reference_output(self.config, p, x), t)
+        return lambda: vmap(hessian(one), in_dims=(None, 0, 0))(self.params, self.X,
+                                                                 self.target)
+
+    def jacobian(self, mode: str) -> Callable:
+        """``vmap(jacrev)`` or ``vmap(jacfwd)`` of the output in every parameter."""
+        transform = jacrev if mode == "jacrev" else jacfwd
+        def sample(p, x):
+            return reference_output(self.config, p, x)
+        return lambda: vmap(transform(sample), in_dims=(None, 0))(self.params, self.X)
+
+    def _split(self) -> dict:
+        sizes = [self.params[k].numel() for k in self.names]
+        return {k: part.reshape(self.params[k].shape)
+                for k, part in zip(self.names, torch.split(self.v, sizes))}
+
+    def hvp_jvp_of_grad(self) -> Callable:
+        direction = self._split()
+        return lambda: jvp(grad(self._batch_loss), (self.params,), (direction,))[1]
+
+    def hvp_double_backward(self) -> Callable:
+        direction = self._split()
+
+        def run():
+            params = {k: t.detach().requires_grad_() for k, t in self.params.items()}
+            grads = torch.autograd.grad(self._batch_loss(params), list(params.values()),
+                                        create_graph=True)
+            dot = sum((g * direction[k]).sum() for g, k in zip(grads, params))
+            return torch.autograd.grad(dot, list(params.values()))
+        return run
+
+    # -- curvlinops -----------------------------------------------------------------------
+    def curvlinops_operator(self):
+        from curvlinops import HessianLinearOperator
+
+        data = [(self.X, self.target)]
+        loss = (torch.nn.MSELoss() if self.config.loss == "mse" else None)
+        if loss is None:
+            return None
+        return HessianLinearOperator(self.model, loss, list(self.model.parameters()), data,
+                                     progressbar=False, check_deterministic=False)
+
+    def curvlinops_matvec(self) -> Callable | None:
+        operator = self.curvlinops_operator()
+        return None if operator is None else (lambda: operator @ self.v)
+
+    def curvlinops_dense(self) -> Callable | None:
+        operator = self.curvlinops_operator()
+        if operator is None:
+            return None
+        identity = torch.eye(self.v.numel(), dtype=self.v.dtype)
+        return lambda: operator @ identity

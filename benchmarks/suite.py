@@ -1,0 +1,259 @@
+"""``curvgap bench``: time generated code against torch.func and curvlinops, in one process.
+
+Each case times every route to one quantity (median of ``repeats`` runs after a warm-up)
+and reports each route's ratio to the fastest autograd route;
+curvgap's full Hessian and HVP are checked against torch.func in the same run. Results go
+to ``bench.json`` with the machine described, and a plot of time against size to
+``bench.png``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..codegen.generate import CONFIGS, render_all
+from ..codegen.verify import random_case
+from ..derivations.config import load
+from .routes import Routes
+
+HEADLINE = {"L": 16, "d": 16, "d_k": 16, "d_ff": 64}
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    info = {"platform": platform.platform(), "processor": platform.processor() or "unknown",
+            "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": np.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_count": __import__("os").cpu_count()}
+    try:
+        from threadpoolctl import threadpool_info
+        info["blas"] = [f"{p.get('internal_api')} {p.get('version')} "
+                        f"({p.get('num_threads')} threads)" for p in threadpool_info()]
+    except ImportError:
+        info["blas"] = "threadpoolctl not installed"
+    return info
+
+
+def median_time(fn: Callable, repeats: int) -> float:
+    """Median of ``repeats`` runs after a warm-up; a route whose warm-up took over 10 s is
+    run once more only (its time is then far from any other's)."""
+    start = time.perf_counter()
+    fn()
+    if time.perf_counter() - start > 10:
+        repeats = 1
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def assemble(blocks: dict, names: list[str], params: dict) -> torch.Tensor:
+    """``torch.func.hessian``'s dict of dicts as one ``(n, n)`` matrix in ``names`` order."""
+    sizes = {name: params[name].numel() for name in names}
+    return torch.cat([torch.cat([blocks[a][b].reshape(sizes[a], sizes[b]) for b in names], 1)
+                      for a in names])
+
+
+def agreement(routes: Routes) -> dict[str, float]:
+    """Relative differences of curvgap's full Hessian and HVP from torch.func's."""
+    reference = assemble(routes.hessian_batch()(), routes.names, routes.params)
+    scale = reference.abs().max()
+    mine = routes.curvgap("torch", "loss_hessian")()
+    hv = torch.cat([t.reshape(-1) for t in routes.hvp_jvp_of_grad()().values()])
+    return {"loss_hessian": float((mine - reference).abs().max() / scale),
+            "hvp": float((routes.curvgap("torch", "hvp")() - hv).abs().max()
+                         / hv.abs().max())}
+
+
+class Runner:
+    def __init__(self, config_name: str, repeats: int, report: Callable[[str], None] = print):
+        self.config = load(CONFIGS / f"{config_name}.toml")
+        self.torch_module = importlib.import_module(f"curvgap.generated.torch.{config_name}")
+        self.numpy_module = importlib.import_module(f"curvgap.generated.numpy.{config_name}")
+        self.repeats, self.report, self.results = repeats, report, []
+
+    def routes(self, dims: dict, batch: int, dtype: torch.dtype) -> Routes:
+        params, X, target = random_case(self.torch_module, dims, batch, seed=0, dtype=dtype)
+        n = sum(p.numel() for p in params.values())
+        v = torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=dtype)
+        return Routes(self.config, self.torch_module, self.numpy_module, params, X, target, v)
+
+    def case(self, quantity: str, size: dict, candidates: dict[str, Callable | None],
+             autograd: list[str]) -> dict:
+        """Time every candidate route of one quantity; ratios against the fastest of
+        ``autograd``."""
+        times = {}
+        for name, fn in candidates.items():
+            if fn is None:
+                continue
+            times[name] = median_time(fn, self.repeats)
+            self.report(f"    {quantity:<24} {name:<28} {times[name] * 1e3:10.2f} ms")
+        baseline = min(times[name] for name in autograd if name in times)
+        ratios = {name: baseline / t for name, t in times.items()}
+        row = {"quantity": quantity, "size": size, "seconds": times,
+               "speedup_vs_fastest_autograd": ratios}
+        self.results.append(row)
+        return row
+
+
+def run(config_name: str = "paper_block", quick: bool = False, out: Path | None = None,
+        report: Callable[[str], None] = print) -> dict:
+    """Run the benchmark suite; return (and write) the results."""
+    repeats = 1 if quick else 3
+    runner = Runner(config_name, repeats, report)
+    headline, batch = (({"L": 4, "d": 4, "d_k": 4, "d_ff": 8}, 4) if quick
+                       else (HEADLINE, 32))
+    report(f"curvgap bench: {config_name}, {'quick' if quick else 'full'} run, "
+           f"median of {repeats} after a warm-up")
+    report(f"  machine: {machine()}")
+    for dtype in (torch.float64, torch.float32):
+        label = {**headline, "B": batch, "dtype": str(dtype).removeprefix("torch.")}
+        report(f"  headline size {label}")
+        r = runner.routes(headline, batch, dtype)
+        check = agreement(r)
+        report(f"    agreement with torch.func (max rel. difference): {check}")
+        runner.results.append({"quantity": "agreement", "size": label, "relative": check})
+        runner.case("loss_hessian (full)", label, {
+            "curvgap torch": r.curvgap("torch", "loss_hessian"),
+            "curvgap numpy": r.curvgap("numpy", "loss_hessian"),
+            "torch.func.hessian (batch)": r.hessian_batch(),
+            "torch.func.hessian per sample": r.hessian_per_sample(),
+            "curvlinops dense": _optional(r.curvlinops_dense),
+        }, ["torch.func.hessian (batch)", "torch.func.hessian per sample", "curvlinops dense"])
+        for pair in (["W_V"], ["W_1", "W_2"]):
+            if not set(pair) <= set(r.names):
+                continue
+            runner.case(f"block {'-'.join(pair) if len(pair) > 1 else pair[0] + '-' + pair[0]}",
+                        label, {
+                "curvgap torch": r.curvgap("torch", "loss_hessian", wrt=pair),
+                "curvgap numpy": r.curvgap("numpy", "loss_hessian", wrt=pair),
+                "torch.func.hessian (batch)": r.hessian_batch(pair),
+            }, ["torch.func.hessian (batch)"])
+        runner.case("jacobian (all params)", label, {
+            "curvgap torch": r.curvgap("torch", "jacobian"),
+            "curvgap numpy": r.curvgap("numpy", "jacobian"),
+            "vmap(jacrev)": r.jacobian("jacrev"),
+            "vmap(jacfwd)": r.jacobian("jacfwd"),
+        }, ["vmap(jacrev)", "vmap(jacfwd)"])
+        runner.case("hvp", label, {
+            "curvgap torch": r.curvgap("torch", "hvp"),
+            "curvgap numpy": r.curvgap("numpy", "hvp"),
+            "jvp of grad": r.hvp_jvp_of_grad(),
+            "double backward": r.hvp_double_backward(),
+            "curvlinops matvec": _optional(r.curvlinops_matvec),
+        }, ["jvp of grad", "double backward", "curvlinops matvec"])
+        if quick:
+            break
+    memory = _peak_memory(runner, headline, batch)
+    report(f"  peak memory of numpy loss_hessian: {memory['peak_bytes'] / 2**20:.1f} MiB "
+           f"= {memory['ratio_to_output']:.2f} x its output")
+    sweep = _sweep(runner, quick)
+    start = time.perf_counter()
+    render_all([runner.config], report=lambda line: None)
+    generate_seconds = time.perf_counter() - start
+    report(f"  curvgap generate for {config_name}: {generate_seconds:.1f} s")
+    results = {"config": config_name, "quick": quick, "machine": machine(),
+               "cases": runner.results, "memory": memory, "sweep": sweep,
+               "generate_seconds": generate_seconds}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps(results, indent=2))
+        _plot(sweep, out / "bench.png")
+        report(f"  wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    _print_table(runner.results, report)
+    return results
+
+
+def _optional(make: Callable) -> Callable | None:
+    try:
+        return make()
+    except ImportError:
+        return None
+
+
+def _peak_memory(runner: Runner, dims: dict, batch: int) -> dict:
+    r = runner.routes(dims, batch, torch.float64)
+    fn = r.curvgap("numpy", "loss_hessian")
+    fn()
+    tracemalloc.start()
+    result = fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"peak_bytes": peak, "output_bytes": result.nbytes,
+            "ratio_to_output": peak / result.nbytes}
+
+
+def _sweep(runner: Runner, quick: bool) -> dict:
+    """Jacobian and HVP times over d (L = 16) and over L (d = 16), with fitted exponents."""
+    values = [4, 8] if quick else [8, 16, 32, 64]
+    sweep = {}
+    for axis in ("d", "L"):
+        rows = []
+        for value in values:
+            dims = {**HEADLINE, axis: value, "d_k": value if axis == "d" else 16}
+            if quick:
+                dims = {"L": 4, "d": 4, "d_k": 4, "d_ff": 8, axis: value}
+            r = runner.routes(dims, 4 if quick else 8, torch.float64)
+            rows.append({axis: value, **{name: median_time(fn, runner.repeats) for name, fn in {
+                "curvgap jacobian": r.curvgap("torch", "jacobian"),
+                "vmap(jacrev)": r.jacobian("jacrev"),
+                "curvgap hvp": r.curvgap("torch", "hvp"),
+                "jvp of grad": r.hvp_jvp_of_grad()}.items()}})
+            runner.report(f"    sweep {axis} = {value}: " + ", ".join(
+                f"{k} {v * 1e3:.1f} ms" for k, v in rows[-1].items() if k != axis))
+        exponents = {}
+        for name in rows[0]:
+            if name == axis:
+                continue
+            x = np.log([row[axis] for row in rows])
+            y = np.log([row[name] for row in rows])
+            exponents[name] = float(np.polyfit(x, y, 1)[0])
+        sweep[axis] = {"rows": rows, "growth_exponents": exponents}
+        runner.report(f"    growth exponents in {axis}: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in exponents.items()))
+    return sweep
+
+
+def _plot(sweep: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sweep), figsize=(5 * len(sweep), 4))
+    for ax, (axis, data) in zip(np.atleast_1d(axes), sweep.items()):
+        rows = data["rows"]
+        for name in rows[0]:
+            if name != axis:
+                ax.loglog([row[axis] for row in rows], [row[name] for row in rows], "o-",
+                          label=f"{name} (slope {data['growth_exponents'][name]:.2f})")
+        ax.set_xlabel(axis)
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(f"time against {axis}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _print_table(rows: list[dict], report: Callable[[str], None]) -> None:
+    report("\nresults (speed-up = fastest autograd route / this route):")
+    for row in rows:
+        if "seconds" not in row:
+            continue
+        size = row["size"]
+        report(f"  {row['quantity']} at {size}")
+        for name, seconds in row["seconds"].items():
+            ratio = row["speedup_vs_fastest_autograd"][name]
+            report(f"      {name:<30} {seconds * 1e3:10.2f} ms   {ratio:7.2f}x")

@@ -1,0 +1,24 @@
+"""``curvgap bench --quick`` as a smoke test: it runs, writes its files, and every number is
+finite (no timing assertion: speed is measured, not tested)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from curvgap.codegen import cli
+
+
+def test_quick_bench_writes_finite_results(tmp_path):
+    assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    timed = [row for row in results["cases"] if "seconds" in row]
+    assert {row["quantity"] for row in timed} >= {"loss_hessian (full)", "hvp",
+                                                  "jacobian (all params)"}
+    for row in timed:
+        assert all(math.isfinite(t) and t > 0 for t in row["seconds"].values())
+    for row in results["cases"]:
+        if row["quantity"] == "agreement":
+            assert max(row["relative"].values()) < 1e-10
+    assert results["machine"]["torch"].startswith("2.")
