@@ -148,16 +148,26 @@ class Graph:
         return any(self.tensors[f.name].batched for f in term.data_factors)
 
     # -- keeping expressions small -----------------------------------------------
+    @staticmethod
+    def _cheap(expr: Expr) -> bool:
+        """Pure deltas and constants, or one product of at most three factors that sums
+        over nothing (a contraction is worth naming: it is computed once and shared)."""
+        data = [t.data_factors for t in expr.terms]
+        if all(not d for d in data):
+            return True
+        if len(expr.terms) != 1 or len(data[0]) > 3:
+            return False
+        return set(expr.terms[0].indices()) <= set(expr.free)
+
     def bind(self, name: str, expr: Expr, force: bool = False) -> Expr:
-        """``expr`` itself when it is cheap to carry inline (pure deltas and constants,
-        or one short product); otherwise a reference to a new named node ``name`` holding
-        it, times the deltas common to all its terms."""
+        """``expr`` itself when it is cheap to carry inline (:meth:`_cheap`); otherwise a reference to a new named node ``name`` holding
+        it, times what all its terms share: deltas (so a row-wise Jacobian is stored one
+        block per row) and factors over free indices only (so ``Y[i,p] K[i,j,q]`` keeps its
+        Kronecker structure and is never stored as an ``L×d×d×d_ff`` array)."""
         assert expr.free is not None
         if expr.is_zero:
             return expr
-        data = [t.data_factors for t in expr.terms]
-        if not force and (all(not d for d in data)
-                          or (len(expr.terms) == 1 and len(data[0]) <= 3)):
+        if not force and self._cheap(expr):
             return expr
         common = set.intersection(*({frozenset(d.indices) for d in t.deltas}
                                     for t in expr.terms))
@@ -183,7 +193,29 @@ class Graph:
                          if not (isinstance(f, Delta) and frozenset(f.indices) in common))
             terms.append(Term(term.coeff, kept).renamed(mapping))
         body = Expr(terms, reduced).simplified()
-        tensor = self.declare(name, reduced, self.is_batched(body))
-        self.assigns.append(Assign(tensor, body, self.current_group))
         ties = tuple(Delta(mapping[i], i) for i in expr.free if mapping[i] != i)
-        return Expr([Term(sp.Integer(1), (Ref(name, reduced),) + ties)], expr.free)
+        shared, body = self._shared_factors(body) if not force else ((), body)
+        if shared and self._cheap(body):
+            return Expr([Term(t.coeff, shared + t.factors + ties) for t in body.terms],
+                        expr.free)
+        tensor = self.declare(name, body.free, self.is_batched(body))
+        self.assigns.append(Assign(tensor, body, self.current_group))
+        return Expr([Term(sp.Integer(1), shared + (Ref(name, body.free),) + ties)], expr.free)
+
+    @staticmethod
+    def _shared_factors(body: Expr) -> tuple[tuple, Expr]:
+        """The data factors over free indices that every term of ``body`` has, and
+        ``body`` without them (over the free indices it still carries)."""
+        free = set(body.free)
+        shared = []
+        remaining = [list(t.factors) for t in body.terms]
+        for factor in body.terms[0].data_factors:
+            if set(factor.indices) <= free and all(factor in r for r in remaining):
+                shared.append(factor)
+                for r in remaining:
+                    r.remove(factor)
+        if not shared:
+            return (), body
+        terms = [Term(t.coeff, tuple(r)) for t, r in zip(body.terms, remaining)]
+        carried = {i for t in terms for i in t.indices()}
+        return tuple(shared), Expr(terms, tuple(i for i in body.free if i in carried))
