@@ -160,8 +160,8 @@ class Graph:
         return set(expr.terms[0].indices()) <= set(expr.free)
 
     def bind(self, name: str, expr: Expr, force: bool = False) -> Expr:
-        """``expr`` itself when it is cheap to carry inline (:meth:`_cheap`); otherwise a reference to a new named node ``name`` holding
-        it, times what all its terms share: deltas (so a row-wise Jacobian is stored one
+        """``expr`` itself when it is cheap to carry inline (:meth:`_cheap`); otherwise a
+        reference to a new named node ``name`` holding it, times what all its terms share: deltas (so a row-wise Jacobian is stored one
         block per row) and factors over free indices only (so ``Y[i,p] K[i,j,q]`` keeps its
         Kronecker structure and is never stored as an ``L×d×d×d_ff`` array)."""
         assert expr.free is not None
