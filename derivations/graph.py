@@ -161,9 +161,10 @@ class Graph:
 
     def bind(self, name: str, expr: Expr, force: bool = False) -> Expr:
         """``expr`` itself when it is cheap to carry inline (:meth:`_cheap`); otherwise a
-        reference to a new named node ``name`` holding it, times what all its terms share: deltas (so a row-wise Jacobian is stored one
-        block per row) and factors over free indices only (so ``Y[i,p] K[i,j,q]`` keeps its
-        Kronecker structure and is never stored as an ``L×d×d×d_ff`` array)."""
+        reference to a new named node ``name`` holding it, times what all its terms share:
+        deltas (so a row-wise Jacobian is stored one block per row) and factors over free
+        indices only (so ``Y[i,p] K[i,j,q]`` keeps its Kronecker structure and is never
+        stored as an ``L×d×d×d_ff`` array)."""
         assert expr.free is not None
         if expr.is_zero:
             return expr
