@@ -195,7 +195,7 @@ class Graph:
             terms.append(Term(term.coeff, kept).renamed(mapping))
         body = Expr(terms, reduced).simplified()
         ties = tuple(Delta(mapping[i], i) for i in expr.free if mapping[i] != i)
-        shared, body = self._shared_factors(body) if not force else ((), body)
+        shared, body = self._shared_factors(body)
         if shared and self._cheap(body):
             return Expr([Term(t.coeff, shared + t.factors + ties) for t in body.terms],
                         expr.free)
@@ -206,7 +206,8 @@ class Graph:
     @staticmethod
     def _shared_factors(body: Expr) -> tuple[tuple, Expr]:
         """The data factors over free indices that every term of ``body`` has, and
-        ``body`` without them (over the free indices it still carries)."""
+        ``body`` without them, over the free indices it still carries (a named tensor
+        never stores a broadcast axis)."""
         free = set(body.free)
         shared = []
         remaining = [list(t.factors) for t in body.terms]
@@ -215,8 +216,6 @@ class Graph:
                 shared.append(factor)
                 for r in remaining:
                     r.remove(factor)
-        if not shared:
-            return (), body
         terms = [Term(t.coeff, tuple(r)) for t, r in zip(body.terms, remaining)]
-        carried = {i for t in terms for i in t.indices()}
+        carried = {i for t in terms for i in t.indices()}  # the others are broadcast
         return tuple(shared), Expr(terms, tuple(i for i in body.free if i in carried))

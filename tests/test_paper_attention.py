@@ -87,19 +87,19 @@ def test_printed_gauss_newton_blocks(case, first, second):
 
 def test_engine_shows_the_kronecker_structure_of_the_VV_block():
     """Symbolically: the Gauss–Newton V–V block is the single term
-    ``2/(L d) · δ[q, q'] · Σ_i (Σ_j A[i,j] X[j,p]) (Σ_k A[i,k] X[k,p'])``, i.e.
-    ``2/(L d) · (M_1^T M_1 ⊗ I_d)`` with ``M_1 = A X``; the functional V–V block is empty."""
+    ``2/(L d) · δ[q, q'] · Σ_i G[i, p] G[i, p']`` with ``G`` a named tensor holding ``A X``,
+    i.e. ``2/(L d) · (M_1^T M_1 ⊗ I_d)``; the functional V–V block is empty."""
     der = derive(validate({"name": "a", "kind": "self_attention"}))
     assign = next(a for a in der.graph.assigns if a.target.name == "gauss_newton_W_V_W_V")
     (term,) = assign.expr.terms
     p, q, p2, q2 = assign.target.indices
     assert Delta(q, q2) in term.factors or Delta(q2, q) in term.factors
-    A1, A2, X1, X2 = sorted(term.data_factors, key=lambda f: f.name)
-    assert (A1.name, A2.name, X1.name, X2.name) == ("A", "A", "X", "X")
-    assert A1.indices[0] == A2.indices[0]                      # the same row i of A
-    pairs = {(X1.indices[1], X1.indices[0]), (X2.indices[1], X2.indices[0])}
-    assert pairs == {(p, A1.indices[1]), (p2, A2.indices[1])} or \
-        pairs == {(p, A2.indices[1]), (p2, A1.indices[1])}    # (A X)[i, p], (A X)[i, p']
+    G1, G2 = term.data_factors
+    assert G1.name == G2.name and G1.indices[0] == G2.indices[0]   # Σ_i G[i, p] G[i, p']
+    assert {G1.indices[-1], G2.indices[-1]} == {p, p2}
+    M1 = next(a for a in der.graph.assigns if a.target.name == G1.name)
+    (m1_term,) = M1.expr.terms                                      # G = A X, the paper's M_1
+    assert sorted(f.name for f in m1_term.data_factors) == ["A", "X"]
     L_, d_ = sp.symbols("L d", positive=True, integer=True)
     assert term.coeff == 2 / (L_ * d_)
     functional = next(a for a in der.graph.assigns if a.target.name == "functional_W_V_W_V")
