@@ -33,3 +33,12 @@ def as_numpy(value) -> np.ndarray:
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     return request.param
+
+
+def commutation(m: int, n: int) -> np.ndarray:
+    """K_{m,n}: K vec(A) = vec(A^T) for A of shape m×n (vec column-major)."""
+    K = np.zeros((m * n, m * n))
+    for i in range(m):
+        for j in range(n):
+            K[i * n + j, j * m + i] = 1.0
+    return K

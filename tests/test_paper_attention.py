@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+from conftest import commutation
 
 from curvgap.derivations.config import validate
 from curvgap.derivations.indexform import Delta
@@ -15,14 +16,6 @@ from curvgap.generated.numpy import self_attention as attention
 
 L, d, d_k = 3, 4, 2
 
-
-def commutation(m: int, n: int) -> np.ndarray:
-    """K_{m,n}: K vec(A) = vec(A^T) for A of shape m×n (vec column-major)."""
-    K = np.zeros((m * n, m * n))
-    for i in range(m):
-        for j in range(n):
-            K[i * n + j, j * m + i] = 1.0
-    return K
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+from conftest import commutation
 
 from curvgap.codegen.lowering import B
 from curvgap.codegen.verify import random_case
@@ -89,14 +90,6 @@ def test_relu_pairs_have_zero_xi(objects, case):
     assert objects.get("xi_22").expr.is_zero
     assert sp.simplify(objects.get("J_Z").rows - sizes.L * sizes.d) == 0
 
-
-def commutation(m: int, n: int) -> np.ndarray:
-    """K_{m,n}: K vec(A) = vec(A^T) for A of shape m×n (vec column-major)."""
-    K = np.zeros((m * n, m * n))
-    for i in range(m):
-        for j in range(n):
-            K[i * n + j, j * m + i] = 1.0
-    return K
 
 
 def ffn_pieces(case):

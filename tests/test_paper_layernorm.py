@@ -8,19 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import commutation
 
 from curvgap.generated.numpy import layernorm
 
 L, d = 2, 3
 
-
-def commutation(m: int, n: int) -> np.ndarray:
-    """K_{m,n}: K vec(A) = vec(A^T) for A of shape m×n (vec column-major)."""
-    K = np.zeros((m * n, m * n))
-    for i in range(m):
-        for j in range(n):
-            K[i * n + j, j * m + i] = 1.0
-    return K
 
 
 def vec_r(A: np.ndarray) -> np.ndarray:
