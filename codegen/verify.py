@@ -129,9 +129,6 @@ class Reference:
         self.config, self.params, self.X, self.target = config, params, X, target
         self.names = [name for name, _ in module.PARAMS]
 
-    def _with(self, name: str, value: torch.Tensor) -> dict:
-        return {**self.params, name: value}
-
     def forward(self) -> torch.Tensor:
         return vmap(lambda x: reference_output(self.config, self.params, x))(self.X)
 

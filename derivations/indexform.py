@@ -44,9 +44,6 @@ class IndexPool:
     def fresh(self, dim: sp.Symbol, hint: str = "k") -> Index:
         return Index(f"{hint}{next(self._counter)}", dim)
 
-    def fresh_like(self, indices: tuple[Index, ...], hint: str = "k") -> tuple[Index, ...]:
-        return tuple(self.fresh(index.dim, hint) for index in indices)
-
 
 @dataclass(frozen=True)
 class Ref:
@@ -277,20 +274,3 @@ def _hashable(factor: Factor) -> tuple:
     if isinstance(factor, Ref):
         return ("ref", factor.name, names)
     return ("apply", factor.fn.key, factor.name, names)
-
-
-def substitute(term: Term, position: int, replacement: Expr,
-               mapping: dict[Index, Index], pool: IndexPool) -> list[Term]:
-    """Replace ``term.factors[position]`` by ``replacement``, whose free indices are
-    renamed by ``mapping`` and whose summed indices are renamed to fresh ones."""
-    assert replacement.free is not None
-    out = []
-    before, after = term.factors[:position], term.factors[position + 1:]
-    for rterm in replacement.terms:
-        local = dict(mapping)
-        for index in rterm.indices():
-            if index not in local:
-                local[index] = pool.fresh(index.dim, "s")
-        renamed = rterm.renamed(local)
-        out.append(Term(term.coeff * rterm.coeff, before + renamed.factors + after))
-    return out

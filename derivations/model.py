@@ -19,6 +19,7 @@ Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -36,7 +37,6 @@ class Group:
 
     name: str
     requires: tuple[str, ...]
-    needs_target: bool = False
 
 
 @dataclass
@@ -61,8 +61,10 @@ class Derivation:
     def variables(self) -> list[Tensor]:
         return [*self.params, self.X]
 
-    def add_group(self, name: str, requires: tuple[str, ...], needs_target: bool = False):
-        self.groups[name] = Group(name, requires, needs_target)
+    def add_group(self, name: str, requires: tuple[str, ...]) -> AbstractContextManager[None]:
+        """Register group ``name`` (one generated function, run after ``requires``); the
+        assignments made inside the returned context belong to it."""
+        self.groups[name] = Group(name, requires)
         return self.graph.group(name)
 
 
@@ -132,7 +134,7 @@ def derive(config: Config) -> Derivation:
         ell = losses.build(g, config.loss, Z, target)
     der = Derivation(config, g, X, target, Z, ell, params, guards, external_shapes=external)
     der.groups["forward"] = Group("forward", ())
-    der.groups["loss"] = Group("loss", ("forward",), needs_target=True)
+    der.groups["loss"] = Group("loss", ("forward",))
     forward, loss = g.in_group("forward"), g.in_group("loss")
 
     tangents: dict[str, calculus.Tangents] = {}
@@ -142,7 +144,7 @@ def derive(config: Config) -> Derivation:
             tangents[v] = calculus.propagate(g, forward, calculus.seed(g, var), v)
         with der.add_group(f"jacobian_{v}", (f"tangent_{v}",)):
             der.jacobian[v] = g.output(f"jacobian_{v}", _tangent_of(tangents[v], Z)).name
-        with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}"), True):
+        with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}")):
             calculus.propagate(g, loss, tangents[v], v)
 
     for first in der.variables:
@@ -155,7 +157,7 @@ def derive(config: Config) -> Derivation:
                 der.output_hessian[v, w] = g.output(f"output_hessian_{v}_{w}",
                                                     _tangent_of(both, Z)).name
 
-    with der.add_group("adjoints", ("loss",), True):
+    with der.add_group("adjoints", ("loss",)):
         seed = Expr([Term(sp.Integer(1))]).with_free(())
         adjoints = calculus.propagate_adjoints(g, forward + loss, ell, seed)
     adjoint_assigns = g.in_group("adjoints")
@@ -167,7 +169,7 @@ def derive(config: Config) -> Derivation:
         renamed = _second_direction(g, tangents[v], tangents[w], v == w)
         requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
         mean = first is not X
-        with der.add_group(f"loss_hessian_{v}_{w}", requires, True):
+        with der.add_group(f"loss_hessian_{v}_{w}", requires):
             for part, assigns in (("gauss_newton", loss), ("functional", forward)):
                 block = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],
                                                      tangents[w], renamed)
@@ -178,7 +180,7 @@ def derive(config: Config) -> Derivation:
     for label, variables in (("params", der.params), ("X", [X])):
         if not variables:
             continue
-        with der.add_group(f"hvp_{label}", ("adjoints",), True):
+        with der.add_group(f"hvp_{label}", ("adjoints",)):
             directions = calculus.Tangents(())
             for var in variables:
                 direction = g.input(f"v_{var.name}", var.shape, role="direction",
