@@ -1,0 +1,1 @@
+"""The paper's analyses reproduced on generated modules: bounds, structure, scaling, convergence."""
