@@ -1,0 +1,403 @@
+"""The paper's spectral-norm bounds, evaluated from weights and inputs, against true norms.
+
+Everything is per sample: one input ``X`` (``L×d``) and target (``L×d``), the per-sample
+MSE ``ℓ = ‖Z − T‖_F² / (L·d)`` and its Hessian ``H_i = ∇²_w ℓ`` (the generated
+``loss_hessian`` on a batch of one). Norms ``‖·‖`` are spectral unless named ``_F``.
+
+* Theorem 1 (self-attention, ``w = {W_Q, W_K, W_V}``): per block ``(i, j)`` the proof's
+  bounds on ``‖H_o(W_i, W_j)‖`` (Gauss–Newton) and ``‖H_f(W_i, W_j)‖`` (functional), their
+  sum on the block, and ``M = 3 max_ij (…)`` on ``‖H_i‖``; main-text and appendix versions
+  (``PAPER_NOTES`` §2.2 and §7.1).
+* Theorem 6 (the post-LN block, ``w = {W_1, W_2, W_K, W_Q, W_V}``): the per-block bound on
+  the output Hessian ``H_tr^(i,j) = ∂²Z/∂W_i∂W_j`` (``(L·d·n_i) × n_j``),
+  ``‖J_Z‖‖ξ_ij‖ + ‖B_i‖‖H_Z‖‖B_j‖``, with every factor replaced by its bound from §7.6,
+  §8.3 and §8.4; the per-block loss-Hessian bound
+  ``(2/(L·d)) ‖∂Z/∂W_i‖‖∂Z/∂W_j‖ + ‖R^tr‖‖H_tr^(i,j)‖``; and ``M_tr = 5 max_ij (…)``.
+* The ingredients those rest on (softmax Jacobian, ``G_k``, ``Φ_kℓ``, Lemma 8.4 on the
+  LayerNorm Jacobian and Hessian, Proposition 8.3), each against its true value, so that a
+  violated bound can be traced to the step that fails.
+
+True values come from the generated torch modules (``self_attention``, ``layernorm``,
+``paper_block``), which the test suite proves against ``torch.func``.
+
+Readings of the printed formulas (stated in the report and in ``docs/ERRATA.md``):
+``H(K,K)`` and ``H(V,K)`` are ``H(Q,Q)`` and ``H(V,Q)`` with ``W_Q ↔ W_K`` (the paper
+lists four blocks); ``Φ_KK``, ``Φ_KQ``, ``Φ_QV``, ``Φ_KV`` likewise ("by symmetry");
+``‖R^tr‖ = ‖vec_r(Z − T)^T ⊗ I‖ = ‖Z − T‖_F`` and, as printed, without the factor
+``2/(L·d)`` of ``∂ℓ/∂Z``; ``‖Y‖`` and ``‖S‖`` by Proposition 8.3; ``σ_min`` of Lemma 8.4
+either as printed, ``min_i ‖M_i‖₂`` (row norms of the centred input), or as the row
+standard deviation ``min_i ‖M_i‖₂ / √n`` that its proof's ``‖P‖ = 1/σ_min`` uses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from ..generated.torch import layernorm, paper_block, self_attention
+from .spectra import block_slices, hessian_norm, spectral_norm
+
+#: The paper's names of the block's parameters, in the generated modules' order.
+BLOCK_NAMES = {"Q": "W_Q", "K": "W_K", "V": "W_V", "1": "W_1", "2": "W_2"}
+ATTENTION = ("Q", "K", "V")
+SIGMA_MIN_READINGS = ("printed", "std")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One bound against the true value it claims to bound."""
+
+    theorem: str
+    quantity: str
+    bound: float
+    true: float
+
+    @property
+    def ratio(self) -> float:
+        """``bound / true`` (``true > 0``); below 1 the bound is violated."""
+        return self.bound / self.true
+
+    @property
+    def holds(self) -> bool:
+        return self.bound >= self.true
+
+
+@dataclass
+class Instance:
+    """One random sample: parameters, input ``X`` (``L×d``), target, and how they were
+    drawn."""
+
+    params: dict[str, torch.Tensor]
+    X: torch.Tensor
+    target: torch.Tensor
+    dims: dict[str, int]
+    input_scale: float
+    weight_scale: float
+    seed: int
+
+
+def random_instance(seed: int, block: bool) -> Instance:
+    """A random per-sample case: sizes ``L ∈ 2..24, d ∈ 2..5, d_k ∈ 1..4, d_ff ∈ 2..6``
+    (``d ≥ 3`` for the block: LayerNorm maps every row of width 2 to ``±(1, −1)``),
+    ``X = s_x N(0, 1)`` and ``W = s_w N(0, 1)`` with ``s_x`` log-uniform on ``[0.3, 3]``
+    and ``s_w`` on ``[0.2, 2]``, target ``N(0, 1)``; the block's parameters when
+    ``block``, self-attention's otherwise."""
+    rng = random.Random(seed)
+    dims = {"L": rng.randint(2, 24), "d": rng.randint(3 if block else 2, 5),
+            "d_k": rng.randint(1, 4), "d_ff": rng.randint(2, 6)}
+    input_scale = math.exp(rng.uniform(math.log(0.3), math.log(3.0)))
+    weight_scale = math.exp(rng.uniform(math.log(0.2), math.log(2.0)))
+    module = paper_block if block else self_attention
+    gen = torch.Generator().manual_seed(seed)
+    params = {name: weight_scale * torch.randn(*(dims[s] for s in shape), generator=gen,
+                                               dtype=torch.float64)
+              for name, shape in module.PARAMS}
+    X = input_scale * torch.randn(dims["L"], dims["d"], generator=gen, dtype=torch.float64)
+    target = torch.randn(dims["L"], dims["d"], generator=gen, dtype=torch.float64)
+    return Instance(params, X, target, dims, input_scale, weight_scale, seed)
+
+
+def _nonzero(checks: list[Check]) -> list[Check]:
+    """The checks whose true value is not zero (a zero norm meets every bound ``≥ 0``;
+    saturated softmax rows or a width-2 LayerNorm make some blocks vanish exactly)."""
+    return [c for c in checks if c.true > 0]
+
+
+def _attention_params(params: dict) -> dict:
+    return {name: params[name] for name in ("W_Q", "W_K", "W_V")}
+
+
+# -- Theorem 1 -------------------------------------------------------------------------------
+def theorem1_block_bounds(norms: dict[str, float], L: int, d: int, d_k: int, rank: int,
+                          version: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """``{(i, j): (bound on ‖H_o(W_i,W_j)‖, bound on ‖H_f(W_i,W_j)‖)}`` of Theorem 1,
+    ``version`` ``"main"`` (§2.2, ``√min(L, d)``) or ``"appendix"`` (§7.1, ``√r`` with
+    ``r = rank(F(X) − T)``). ``norms`` holds ``‖X‖, ‖W_Q‖, ‖W_K‖, ‖W_V‖, ‖T‖`` under
+    ``"X", "Q", "K", "V", "T"``."""
+    x, nq, nk, nv = norms["X"], norms["Q"], norms["K"], norms["V"]
+    c_t = L * x * nv + norms["T"]
+    main = version == "main"
+    root = math.sqrt(min(L, d)) if main else math.sqrt(rank)
+    outer = (8 if main else 2) / (L ** 3 * d * d_k)
+
+    def qq(w_k: float) -> tuple[float, float]:
+        return (outer * w_k ** 2 * nv ** 2 * x ** 6,
+                12 / (d * d_k) * root * c_t * nv * w_k ** 2 * x ** 5)
+
+    def vq(w_k: float) -> tuple[float, float]:
+        if main:
+            return (4 / (L * d * math.sqrt(d_k)) * nv * w_k * x ** 4,
+                    4 * root / (L ** 2 * math.sqrt(d_k)) * c_t * w_k * x ** 3)
+        return (2 / (L * d * math.sqrt(d_k)) * nv * w_k * x ** 4,
+                2 * root / (L ** 2 * math.sqrt(d * d_k)) * c_t * w_k * x ** 3)
+
+    scale = (4 / (L * d * math.sqrt(d_k)) if main
+             else 2 / (L * d * math.sqrt(d * d_k)))
+    qk = (outer * nk * nq * nv ** 2 * x ** 6,
+          scale * root * c_t * nv * (3 * L * nk * nq * x ** 5 + d / L * x ** 3))
+    return {("V", "V"): (2 * L / d * x ** 2, 0.0), ("Q", "Q"): qq(nk), ("K", "K"): qq(nq),
+            ("V", "Q"): vq(nk), ("V", "K"): vq(nq), ("Q", "K"): qk}
+
+
+def theorem1(params: dict, X: torch.Tensor, target: torch.Tensor) -> list[Check]:
+    """Theorem 1 (both versions) for one sample: per block and part, and ``M`` against
+    ``‖H_i‖₂``."""
+    L, d = X.shape
+    d_k = params["W_Q"].shape[1]
+    norms = {"X": spectral_norm(X), "Q": spectral_norm(params["W_Q"]),
+             "K": spectral_norm(params["W_K"]), "V": spectral_norm(params["W_V"]),
+             "T": spectral_norm(target)}
+    rank = int(torch.linalg.matrix_rank(self_attention.forward(params, X) - target))
+    true = {}
+    for part in ("gauss_newton", "functional", "full"):
+        H = self_attention.loss_hessian(params, X, target, part=part)
+        slices = block_slices(self_attention, params)
+        true[part] = {(a, b): spectral_norm(H[slices[f"W_{a}"], slices[f"W_{b}"]])
+                      for a in ATTENTION for b in ATTENTION}
+    full = hessian_norm(self_attention, params, X, target)
+    checks = []
+    for version, label in (("main", "Theorem 1 (main text)"),
+                           ("appendix", "Theorem 1 (appendix)")):
+        blocks = theorem1_block_bounds(norms, L, d, d_k, rank, version)
+        for (a, b), (outer, functional) in blocks.items():
+            name = f"H({a},{b})"
+            checks.append(Check(label, f"{name} Gauss–Newton", outer,
+                                true["gauss_newton"][a, b]))
+            if functional > 0:
+                checks.append(Check(label, f"{name} functional", functional,
+                                    true["functional"][a, b]))
+            checks.append(Check(label, name, outer + functional, true["full"][a, b]))
+        M = 3 * max(o + f for o, f in blocks.values())
+        checks.append(Check(label, "M ≥ ‖H‖", M, full))
+    return _nonzero(checks)
+
+
+# -- Lemma 8.4, Proposition 8.3 ------------------------------------------------------------
+def sigma_min(U: torch.Tensor, reading: str) -> float:
+    """``σ_min`` of Lemma 8.4 for the rows of ``U`` (``m×n``): ``min_i ‖M_i‖₂`` with
+    ``M = U (I − 1 1^T / n)`` (``"printed"``) or ``min_i ‖M_i‖₂ / √n``, the smallest row
+    standard deviation (``"std"``)."""
+    centred = U - U.mean(-1, keepdim=True)
+    rows = torch.linalg.vector_norm(centred, dim=-1).min()
+    scale = 1.0 if reading == "printed" else math.sqrt(U.shape[-1])
+    return float(rows) / scale
+
+
+def lemma84(norm_u: float, s: float, m: int, n: int) -> tuple[float, float]:
+    """Lemma 8.4 at an input of spectral norm ``norm_u`` and ``σ_min = s`` (``m×n``):
+    ``(‖J_LN‖ bound, ‖H_LN‖ bound)`` =
+    ``(1/s + ‖U‖²/(√n s³), ‖U‖/s³ (1 + √(m/n)) + ‖U‖²/(√n s³) + 3‖U‖³/(n s⁵))``."""
+    jac = 1 / s + norm_u ** 2 / (math.sqrt(n) * s ** 3)
+    hess = (norm_u / s ** 3 * (1 + math.sqrt(m / n)) + norm_u ** 2 / (math.sqrt(n) * s ** 3)
+            + 3 * norm_u ** 3 / (n * s ** 5))
+    return jac, hess
+
+
+@dataclass
+class BlockForward:
+    """The block's forward intermediates for one sample: ``F`` (attention), ``U = X + F``,
+    ``Y = LN(U)``, ``P = ReLU(Y W_1)``, ``S = Y + P W_2``, ``Z = LN(S)``."""
+
+    F: torch.Tensor
+    U: torch.Tensor
+    Y: torch.Tensor
+    P: torch.Tensor
+    S: torch.Tensor
+    Z: torch.Tensor
+
+
+def block_forward(params: dict, X: torch.Tensor) -> BlockForward:
+    """The intermediates from the generated ``self_attention`` and ``layernorm``."""
+    F = self_attention.forward(_attention_params(params), X)
+    U = X + F
+    Y = layernorm.forward({}, U)
+    P = torch.relu(Y @ params["W_1"])
+    S = Y + P @ params["W_2"]
+    return BlockForward(F, U, Y, P, S, layernorm.forward({}, S))
+
+
+# -- Theorem 6 -------------------------------------------------------------------------------
+@dataclass
+class BlockBounds:
+    """Theorem 6's factor bounds and per-block bounds for one sample."""
+
+    G: dict[str, float]
+    Phi: dict[tuple[str, str], float]
+    B: dict[str, float]
+    xi: dict[tuple[str, str], float]
+    H_tr: dict[tuple[str, str], float]
+    loss: dict[tuple[str, str], float]
+    J_Y: float
+    H_Y: float
+    J_Z: float
+    H_Z: float
+
+    @property
+    def M_tr(self) -> float:
+        """``M_tr = 5 max_ij (loss-Hessian block bound)``."""
+        return 5 * max(self.loss.values())
+
+
+def attention_factor_bounds(norms: dict[str, float], L: int, d: int, d_k: int
+                            ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """``(‖G_k‖ bounds, ‖Φ_kℓ‖ bounds)`` of §7.6 (eq. ``Gk_bounds`` and the ``Φ`` list)."""
+    x, nq, nk, nv = norms["X"], norms["Q"], norms["K"], norms["V"]
+    G = {"V": L * x, "Q": nv * nk * x ** 3 / (L * math.sqrt(d_k)),
+         "K": nv * nq * x ** 3 / (L * math.sqrt(d_k))}
+    mixed = 2 / (L ** 2 * math.sqrt(d * d_k)) * x ** 3
+    fifth = 12 / (L * d * d_k) * nv * x ** 5
+    qk = fifth * nk * nq + mixed * nv
+    Phi = {("V", "V"): 0.0, ("Q", "Q"): fifth * nk ** 2, ("K", "K"): fifth * nq ** 2,
+           ("Q", "K"): qk, ("K", "Q"): qk, ("V", "Q"): mixed * nk, ("Q", "V"): mixed * nk,
+           ("V", "K"): mixed * nq, ("K", "V"): mixed * nq}
+    return G, Phi
+
+
+def theorem6_bounds(params: dict, X: torch.Tensor, target: torch.Tensor,
+                    reading: str = "printed") -> BlockBounds:
+    """Every bound of Theorem 6 for one sample of ``paper_block``, ``σ_min`` read as
+    ``reading`` (see :func:`sigma_min`)."""
+    L, d = X.shape
+    d_k, d_ff = params["W_Q"].shape[1], params["W_1"].shape[1]
+    fwd = block_forward(params, X)
+    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[BLOCK_NAMES[k]])
+                                       for k in ("Q", "K", "V", "1", "2")}}
+    n1, n2 = norms["1"], norms["2"]
+    norm_y = math.sqrt(L * d)                                          # Prop. 8.3
+    norm_s = norm_y * (1 + math.sqrt(min(L, d_ff)) * n1 * n2)          # Prop. 8.3
+    J_Y, H_Y = lemma84(spectral_norm(fwd.U), sigma_min(fwd.U, reading), L, d)
+    J_Z, H_Z = lemma84(norm_s, sigma_min(fwd.S, reading), L, d)
+    G, Phi = attention_factor_bounds(norms, L, d, d_k)
+    J_SY = n2 * n1 + 1
+    B = {"1": n2 * norm_y, "2": spectral_norm(fwd.P), **{k: J_SY * J_Y * G[k] for k in G}}
+    xi = {("1", "1"): 0.0, ("2", "2"): 0.0, ("1", "2"): math.sqrt(d) * norm_y,
+          ("2", "1"): math.sqrt(d_ff) * n2}
+    for k in ATTENTION:
+        xi["1", k] = math.sqrt(d_ff) * n2 * J_Y * G[k]
+        xi["2", k] = math.sqrt(d) * n1 * J_Y * G[k]
+        for m in ATTENTION:
+            xi[k, m] = J_SY * (G[k] * H_Y * G[m] + J_Y * Phi[k, m])
+    H_tr = {(i, j): J_Z * value + B[i] * H_Z * B[j] for (i, j), value in xi.items()}
+    residual = float(torch.linalg.matrix_norm(fwd.Z - target))      # ‖R^tr‖ = ‖Z − T‖_F
+    loss = {(i, j): 2 / (L * d) * (J_Z * B[i]) * (J_Z * B[j]) + residual * value
+            for (i, j), value in H_tr.items()}
+    return BlockBounds(G, Phi, B, xi, H_tr, loss, J_Y, H_Y, J_Z, H_Z)
+
+
+def theorem6(params: dict, X: torch.Tensor, target: torch.Tensor,
+             reading: str = "printed", per_block: bool = True) -> list[Check]:
+    """Theorem 6 for one sample of ``paper_block``: ``M_tr`` against ``‖H_i‖₂`` and, with
+    ``per_block``, each output-Hessian block ``‖H_tr^(i,j)‖`` and loss-Hessian block the
+    paper bounds."""
+    bounds = theorem6_bounds(params, X, target, reading)
+    label = "Theorem 6" + ("" if reading == "printed" else " (σ_min = row std)")
+    checks = []
+    if per_block:
+        H = paper_block.loss_hessian(params, X, target)
+        slices = block_slices(paper_block, params)
+        for (i, j), value in bounds.H_tr.items():
+            a, b = BLOCK_NAMES[i], BLOCK_NAMES[j]
+            true = spectral_norm(paper_block.output_hessian(params, X, a, b))
+            checks.append(Check(label, f"H_tr({i},{j})", value, true))
+            checks.append(Check(label, f"H({i},{j})", bounds.loss[i, j],
+                                spectral_norm(H[slices[a], slices[b]])))
+    checks.append(Check(label, "M_tr ≥ ‖H‖", bounds.M_tr,
+                        hessian_norm(paper_block, params, X, target)))
+    return _nonzero(checks)
+
+
+def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
+    """The factor bounds Theorems 1 and 6 rest on, for one sample of ``paper_block``:
+    ``‖∂A/∂T‖ ≤ 1/L``, ``‖G_k‖``, ``‖Φ_kℓ‖``, Lemma 8.4 at both LayerNorm inputs (with the
+    true ``‖S‖``; both readings of ``σ_min``), and Proposition 8.3."""
+    L, d = X.shape
+    d_k, d_ff = params["W_Q"].shape[1], params["W_1"].shape[1]
+    attention = _attention_params(params)
+    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[BLOCK_NAMES[k]])
+                                       for k in ("Q", "K", "V", "1", "2")}}
+    scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / math.sqrt(d_k)
+    A = torch.softmax(scores, dim=-1)
+    softmax_jacobian = max(spectral_norm(torch.diag(a) - torch.outer(a, a)) for a in A)
+    checks = [Check("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", 1 / L, softmax_jacobian)]
+    G, Phi = attention_factor_bounds(norms, L, d, d_k)
+    for k in ATTENTION:
+        true = spectral_norm(self_attention.jacobian(attention, X, BLOCK_NAMES[k]))
+        checks.append(Check("§7.6 Gk_bounds", f"‖G_{k}‖", G[k], true))
+    for (k, m), value in Phi.items():
+        true = spectral_norm(self_attention.output_hessian(attention, X, BLOCK_NAMES[k],
+                                                           BLOCK_NAMES[m]))
+        if value > 0 or true > 0:
+            checks.append(Check("§7.6 Φ bounds", f"‖Φ_{k}{m}‖", value, true))
+    fwd = block_forward(params, X)
+    for name, U in (("Y", fwd.U), ("Z", fwd.S)):
+        true_jac = spectral_norm(layernorm.jacobian({}, U, "X"))
+        true_hess = spectral_norm(layernorm.output_hessian({}, U, "X", "X"))
+        for reading in SIGMA_MIN_READINGS:
+            label = "Lemma 8.4" + ("" if reading == "printed" else " (σ_min = row std)")
+            jac, hess = lemma84(spectral_norm(U), sigma_min(U, reading), L, d)
+            checks.append(Check(label, f"‖J_{name}‖", jac, true_jac))
+            checks.append(Check(label, f"‖H_{name}‖", hess, true_hess))
+    norm_y = math.sqrt(L * d)
+    checks.append(Check("Prop. 8.3", "‖Y‖", norm_y, spectral_norm(fwd.Y)))
+    checks.append(Check("Prop. 8.3", "‖S‖", norm_y * (1 + math.sqrt(min(L, d_ff)) * norms["1"]
+                                                      * norms["2"]), spectral_norm(fwd.S)))
+    return _nonzero(checks)
+
+
+# -- many instances ------------------------------------------------------------------------
+@dataclass
+class Summary:
+    """One bound over many instances: every ``bound/true`` and the instances that violate
+    it."""
+
+    theorem: str
+    quantity: str
+    ratios: list[float]
+    violations: list[dict]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def minimum(self) -> float:
+        return min(self.ratios)
+
+
+def survey(attention_seeds: Iterable[int], block_seeds: Iterable[int],
+           progress: Callable[[str], None] = print) -> list[Summary]:
+    """Theorem 1 on :func:`random_instance` ``(seed, block=False)`` for each attention seed;
+    Theorem 6 (both ``σ_min`` readings) and the ingredients on ``(seed, block=True)`` for
+    each block seed; every check grouped by bound."""
+    found: dict[tuple[str, str], Summary] = {}
+
+    def record(instance: Instance, checks: list[Check]) -> None:
+        for c in checks:
+            summary = found.setdefault((c.theorem, c.quantity),
+                                       Summary(c.theorem, c.quantity, [], []))
+            summary.ratios.append(c.ratio)
+            if not c.holds:
+                summary.violations.append({
+                    "seed": instance.seed, "block": "W_1" in instance.params,
+                    **instance.dims, "input_scale": instance.input_scale,
+                    "weight_scale": instance.weight_scale, "bound": c.bound, "true": c.true,
+                    "ratio": c.ratio})
+
+    attention_seeds, block_seeds = list(attention_seeds), list(block_seeds)
+    for seed in attention_seeds:
+        instance = random_instance(seed, block=False)
+        record(instance, theorem1(instance.params, instance.X, instance.target))
+    progress(f"  Theorem 1 on {len(attention_seeds)} self-attention instances")
+    for n, seed in enumerate(block_seeds, 1):
+        instance = random_instance(seed, block=True)
+        for reading in SIGMA_MIN_READINGS:
+            record(instance, theorem6(instance.params, instance.X, instance.target, reading))
+        record(instance, ingredients(instance.params, instance.X))
+        if n % 8 == 0 or n == len(block_seeds):
+            progress(f"  Theorem 6 and ingredients: {n}/{len(block_seeds)} block instances")
+    return list(found.values())
