@@ -1,10 +1,17 @@
-"""The ``curvgap`` command line: ``curvgap generate [--config FILE ...] [--out DIR]
-[--check] [--force] [--no-verify]``."""
+"""The ``curvgap`` command line:
+
+``curvgap generate [--config FILE ...] [--out DIR] [--check] [--force] [--no-verify]``
+``curvgap latex NAME [--out DIR] [--pdf]``
+``curvgap bench [--config NAME] [--quick] [--out DIR]``
+``curvgap reproduce [--quick] [--out DIR]``
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +48,40 @@ def _verify(paths: list[Path], configs: dict) -> bool:
     return ok
 
 
+def _latex(name: str, out: Path, pdf: bool) -> int:
+    """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
+    from ..derivations.model import derive
+    from .backends import LATEX
+    from .generate import CONFIGS, render
+
+    path = Path(name) if name.endswith(".toml") else CONFIGS / f"{name}.toml"
+    try:
+        (config,) = load_configs([path])
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"curvgap: error: NAME: expected a shipped config name or a .toml file, got "
+              f"{name!r} ({error})", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    tex = out / f"{config.name}.tex"
+    tex.write_text(render(derive(config), LATEX))
+    print(f"wrote {tex}")
+    if not pdf:
+        return 0
+    if shutil.which("pdflatex") is None:
+        print("curvgap: error: --pdf needs pdflatex (Debian: apt-get install "
+              "texlive-latex-base texlive-latex-recommended)", file=sys.stderr)
+        return 2
+    for _ in range(2):  # the second run fills in the table of contents
+        run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                              tex.name], cwd=out, capture_output=True, text=True)
+        if run.returncode:
+            print(run.stdout[-3000:], file=sys.stderr)
+            print(f"curvgap: error: pdflatex failed on {tex}", file=sys.stderr)
+            return 1
+    print(f"wrote {tex.with_suffix('.pdf')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="curvgap", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (a smoke test)")
     bench.add_argument("--out", metavar="DIR", default="bench-results",
                        help="where bench.json and bench.png go (default: bench-results/)")
+    latex = commands.add_parser("latex", help="write one config's formulas as a LaTeX document")
+    latex.add_argument("name", help="a shipped config name or a config file")
+    latex.add_argument("--out", metavar="DIR", default=".",
+                       help="where <name>.tex (and .pdf) go (default: the current folder)")
+    latex.add_argument("--pdf", action="store_true", help="also compile it with pdflatex")
+    reproduce = commands.add_parser("reproduce", help="the paper's analyses: bounds, Hessian "
+                                                      "structure, scaling, convergence")
+    reproduce.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
+    reproduce.add_argument("--out", metavar="DIR", default="reproduce-results",
+                           help="where the figures and report go (default: reproduce-results/)")
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -66,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
 
         run(args.config, args.quick, Path(args.out))
         return 0
+    if args.command == "reproduce":
+        from ..analysis.reproduce import run as reproduce_run
+
+        reproduce_run(args.quick, Path(args.out))
+        return 0
+    if args.command == "latex":
+        return _latex(args.name, Path(args.out), args.pdf)
 
     start = time.perf_counter()
     try:

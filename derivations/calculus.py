@@ -158,7 +158,8 @@ def propagate(graph: Graph, assigns: list, tangents: Tangents, label: str) -> Ta
         tangent = differentiate(graph, assign.expr, tangents)
         if not tangent.is_zero:
             name = f"d{assign.target.name}_{label}"
-            tangents.by_name[assign.target.name] = graph.bind(name, tangent)
+            with graph.sublayer(assign.sublayer):
+                tangents.by_name[assign.target.name] = graph.bind(name, tangent)
     return tangents
 
 
@@ -174,7 +175,8 @@ def propagate_second(graph: Graph, assigns: list, first: Tangents, second: Tange
         total = Expr(expr.terms + local.terms, expr.free).simplified()
         if not total.is_zero:
             name = f"d2{assign.target.name}_{label}"
-            both.by_name[assign.target.name] = graph.bind(name, total)
+            with graph.sublayer(assign.sublayer):
+                both.by_name[assign.target.name] = graph.bind(name, total)
     return both
 
 
@@ -225,7 +227,9 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
 
 def _bind_adjoint(graph: Graph, tensor: Tensor, terms: list[Term]) -> Expr:
     expr = Expr(terms, tensor.indices).simplified()
-    return graph.bind(f"g_{tensor.name}", expr, force=not expr.is_zero)
+    sublayer = next((a.sublayer for a in graph.assigns if a.target is tensor), "")
+    with graph.sublayer(sublayer):
+        return graph.bind(f"g_{tensor.name}", expr, force=not expr.is_zero)
 
 
 def hessian_by_adjoints(graph: Graph, assigns: list, adjoints: dict, first: Tangents,

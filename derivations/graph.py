@@ -61,6 +61,7 @@ class Assign:
     group: str
     mean_over_batch: bool = False
     reduction: str | None = None
+    sublayer: str = ""  # the part of the architecture it belongs to (for documents)
 
     @property
     def differentiable(self) -> bool:
@@ -80,6 +81,7 @@ class Graph:
         self.tensors: dict[str, Tensor] = {}
         self.assigns: list[Assign] = []
         self.current_group = "forward"
+        self.current_sublayer = ""
 
     @contextmanager
     def group(self, name: str) -> Iterator[None]:
@@ -89,6 +91,19 @@ class Graph:
             yield
         finally:
             self.current_group = previous
+
+    @contextmanager
+    def sublayer(self, name: str) -> Iterator[None]:
+        """Assignments made inside belong to the sublayer ``name`` (a document section)."""
+        previous, self.current_sublayer = self.current_sublayer, name
+        try:
+            yield
+        finally:
+            self.current_sublayer = previous
+
+    def _append(self, tensor: Tensor, expr: Expr, **options) -> None:
+        self.assigns.append(Assign(tensor, expr, self.current_group,
+                                   sublayer=self.current_sublayer, **options))
 
     def in_group(self, name: str) -> list[Assign]:
         return [a for a in self.assigns if a.group == name]
@@ -112,7 +127,7 @@ class Graph:
         """Declare ``name[indices] = expr`` and append it to the assignments."""
         expr = expr.with_free(tuple(indices))
         tensor = self.declare(name, tuple(indices), self.is_batched(expr))
-        self.assigns.append(Assign(tensor, expr, self.current_group))
+        self._append(tensor, expr)
         return tensor
 
     def row_max(self, name: str, source: Tensor) -> Tensor:
@@ -121,15 +136,14 @@ class Graph:
         indices = source.indices[:-1]
         tensor = self.declare(name, indices, source.batched, role="constant")
         expr = source[source.indices].with_free(source.indices)
-        self.assigns.append(Assign(tensor, expr, self.current_group, reduction="max"))
+        self._append(tensor, expr, reduction="max")
         return tensor
 
     def causal_bias(self, name: str, dim: sp.Symbol) -> Tensor:
         """A constant ``name[i, j]``: 0 where ``j <= i``, ``-inf`` where ``j > i``."""
         tensor = self.declare(name, (self.index(dim, "i"), self.index(dim, "j")), False,
                               role="constant")
-        self.assigns.append(Assign(tensor, Expr([], tensor.indices), self.current_group,
-                                   reduction="causal"))
+        self._append(tensor, Expr([], tensor.indices), reduction="causal")
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:
@@ -137,7 +151,7 @@ class Graph:
         broadcasts), or its average over the batch when ``mean_over_batch``."""
         assert expr.free is not None
         tensor = self.declare(name, expr.free, not mean_over_batch, role="output")
-        self.assigns.append(Assign(tensor, expr, self.current_group, mean_over_batch))
+        self._append(tensor, expr, mean_over_batch=mean_over_batch)
         return tensor
 
     # -- queries -----------------------------------------------------------------
@@ -200,7 +214,7 @@ class Graph:
             return Expr([Term(t.coeff, shared + t.factors + ties) for t in body.terms],
                         expr.free)
         tensor = self.declare(name, body.free, self.is_batched(body))
-        self.assigns.append(Assign(tensor, body, self.current_group))
+        self._append(tensor, body)
         return Expr([Term(sp.Integer(1), shared + (Ref(name, body.free),) + ties)], expr.free)
 
     @staticmethod

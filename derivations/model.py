@@ -27,8 +27,11 @@ import sympy as sp
 from . import attention, calculus, ffn, losses, normalization, sizes
 from .config import Config
 from .graph import Graph, Tensor
-from .indexform import Expr, Term
+from .indexform import Expr, Index, Term
 from .normalization import Guard
+
+#: Section titles of the normalisation sublayers.
+NORM_TITLES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
 @dataclass
@@ -56,6 +59,10 @@ class Derivation:
     hvp: dict[str, str] = field(default_factory=dict)
     directions: dict[str, str] = field(default_factory=dict)
     external_shapes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: group name -> the indices of its first and second derivative directions (their
+    #: place in a derived tensor's paper layout: rows are the rest, columns the last)
+    group_directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]] = field(
+        default_factory=dict)
 
     @property
     def variables(self) -> list[Tensor]:
@@ -76,14 +83,18 @@ def _build_network(g: Graph, config: Config, external: dict | None = None
     external = {} if external is None else external
     X = g.input("X", (sizes.L, sizes.d))
     if config.kind == "layernorm":
-        norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
+        with g.sublayer(NORM_TITLES[config.norm]):
+            norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
         return X, norm.output, norm.params, norm.guards
     if config.kind == "self_attention":
-        layer = attention.self_attention(g, X, config.heads, config.causal, config.out_proj)
+        with g.sublayer("Self-attention"):
+            layer = attention.self_attention(g, X, config.heads, config.causal,
+                                             config.out_proj)
         external.update(layer.external_shapes)
         return X, layer.output, layer.params, []
     if config.kind == "ffn":
-        layer = ffn.feed_forward(g, X, config.activation, config.ffn_bias, "Z")
+        with g.sublayer("Feed-forward network"):
+            layer = ffn.feed_forward(g, X, config.activation, config.ffn_bias, "Z")
         return X, layer.output, layer.params, []
     return (X, *_block(g, config, X, external))
 
@@ -96,29 +107,40 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
     i, j = g.index(L, "i"), g.index(d, "j")
 
     def norm(U: Tensor, n: int, out: str) -> normalization.Normalized:
-        return normalization.normalize(g, U, config.norm, config.eps, config.affine, out,
-                                       prefix=f"ln{n}_", suffix=f"_{n}")
+        with g.sublayer(f"{NORM_TITLES[config.norm]} {n}"):
+            return normalization.normalize(g, U, config.norm, config.eps, config.affine, out,
+                                           prefix=f"ln{n}_", suffix=f"_{n}")
 
     def attend(U: Tensor) -> attention.Attention:
-        layer = attention.self_attention(g, U, config.heads, config.causal, config.out_proj)
+        with g.sublayer("Self-attention"):
+            layer = attention.self_attention(g, U, config.heads, config.causal,
+                                             config.out_proj)
         external.update(layer.external_shapes)
         return layer
 
+    def feed_forward(U: Tensor) -> ffn.FeedForward:
+        with g.sublayer("Feed-forward network"):
+            return ffn.feed_forward(g, U, config.activation, config.ffn_bias)
+
     if config.norm_position == "post":
         layer = attend(X)
-        U = g.node("U", (i, j), X[i, j] + layer.output[i, j])
+        with g.sublayer("Residual connections"):
+            U = g.node("U", (i, j), X[i, j] + layer.output[i, j])
         ln1 = norm(U, 1, "Y")
-        mlp = ffn.feed_forward(g, ln1.output, config.activation, config.ffn_bias)
-        S = g.node("S", (i, j), ln1.output[i, j] + mlp.output[i, j])
+        mlp = feed_forward(ln1.output)
+        with g.sublayer("Residual connections"):
+            S = g.node("S", (i, j), ln1.output[i, j] + mlp.output[i, j])
         ln2 = norm(S, 2, "Z")
         output = ln2.output
     else:
         ln1 = norm(X, 1, "N_1")
         layer = attend(ln1.output)
-        Y = g.node("Y", (i, j), X[i, j] + layer.output[i, j])
+        with g.sublayer("Residual connections"):
+            Y = g.node("Y", (i, j), X[i, j] + layer.output[i, j])
         ln2 = norm(Y, 2, "N_2")
-        mlp = ffn.feed_forward(g, ln2.output, config.activation, config.ffn_bias)
-        output = g.node("Z", (i, j), Y[i, j] + mlp.output[i, j])
+        mlp = feed_forward(ln2.output)
+        with g.sublayer("Residual connections"):
+            output = g.node("Z", (i, j), Y[i, j] + mlp.output[i, j])
     params = layer.params + mlp.params + ln1.params + ln2.params
     return output, params, ln1.guards + ln2.guards
 
@@ -130,7 +152,7 @@ def derive(config: Config) -> Derivation:
     with g.group("forward"):
         X, Z, params, guards = _build_network(g, config, external)
     target = g.input("T", (sizes.L, sizes.d), role="target")
-    with g.group("loss"):
+    with g.group("loss"), g.sublayer("Loss"):
         ell = losses.build(g, config.loss, Z, target)
     der = Derivation(config, g, X, target, Z, ell, params, guards, external_shapes=external)
     der.groups["forward"] = Group("forward", ())
@@ -146,11 +168,15 @@ def derive(config: Config) -> Derivation:
             der.jacobian[v] = g.output(f"jacobian_{v}", _tangent_of(tangents[v], Z)).name
         with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}")):
             calculus.propagate(g, loss, tangents[v], v)
+        for kind in ("tangent", "jacobian", "loss_tangent"):
+            der.group_directions[f"{kind}_{v}"] = (tangents[v].indices, ())
 
     for first in der.variables:
         for second in der.variables:
             v, w = first.name, second.name
             renamed = _second_direction(g, tangents[v], tangents[w], v == w)
+            der.group_directions[f"second_{v}_{w}"] = (
+                tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
             with der.add_group(f"second_{v}_{w}", (f"tangent_{v}", f"tangent_{w}")):
                 both = calculus.propagate_second(g, forward, tangents[v], tangents[w],
                                                  renamed, f"{v}{w}")
@@ -169,6 +195,8 @@ def derive(config: Config) -> Derivation:
         renamed = _second_direction(g, tangents[v], tangents[w], v == w)
         requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
         mean = first is not X
+        der.group_directions[f"loss_hessian_{v}_{w}"] = (
+            tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
         with der.add_group(f"loss_hessian_{v}_{w}", requires):
             for part, assigns in (("gauss_newton", loss), ("functional", forward)):
                 block = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],

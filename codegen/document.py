@@ -1,0 +1,409 @@
+"""A config's derivation as a LaTeX document, in the order of the paper's appendix.
+
+:func:`document_context` turns a :class:`~curvgap.derivations.model.Derivation` into
+sections of numbered formulas, each in the engine's index form (always exact) and, where
+:mod:`~curvgap.derivations.matrixform` recognises the structure, in the paper's matrix
+form; the template ``templates/latex/document.tex.jinja`` lays them out. :func:`document`
+returns the whole text for a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from ..derivations import matrixform as mf
+from ..derivations.config import Config
+from ..derivations.graph import Assign, Graph
+from ..derivations.indexform import Index
+from ..derivations.model import Derivation, derive
+from ..derivations.paper import WEIGHTS, BlockObjects
+from .latex import LatexPrinter, Notation, variable_symbol, width
+
+#: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
+LINE = 62
+
+
+@dataclass
+class Formula:
+    lhs: str                      # index form, with indices
+    index_lines: list[str]
+    matrix_lhs: str
+    matrix_lines: list[str] | None
+    shape: str                    # e.g. "(L d) \times d_k"
+    layout: str                   # which indices are rows and which are columns
+    note: str = ""
+
+
+@dataclass
+class Block:
+    title: str
+    formulas: list[Formula] = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class Section:
+    title: str
+    text: str
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        formulas = [f for b in self.blocks for f in b.formulas]
+        return sum(f.matrix_lines is not None for f in formulas), len(formulas)
+
+
+def _lines(printer: LatexPrinter, expr, lhs: str) -> list[str]:
+    """The right-hand side split into lines that fit beside ``lhs``."""
+    return _pack(printer.chunks(expr), lhs)
+
+
+def _function_lines(expr: sp.Expr, lhs: str) -> list[str]:
+    """A scalar function's definition split between its terms."""
+    terms = sp.Add.make_args(expr)
+    chunks = []
+    for n, term in enumerate(terms):
+        text = sp.latex(term)
+        chunks.append([text if n == 0 or text.startswith("-") else f"+ {text}"])
+    return _pack(chunks, lhs)
+
+
+def _pack(chunks: list[list[str]], lhs: str) -> list[str]:
+    budget = LINE - width(lhs) - 2
+    lines, current = [], ""
+    for term in chunks:
+        for piece in term:
+            candidate = f"{current} {piece}".strip()
+            if current and width(candidate) > budget:
+                lines.append(current)
+                current, budget = piece, LINE - 6
+            else:
+                current = candidate
+    lines.append(current)
+    return lines
+
+
+def _size_text(dims: Iterable[sp.Expr]) -> str:
+    dims = list(dims)
+    if not dims:
+        return "1"
+    text = " ".join(sp.latex(d) for d in dims)
+    return f"({text})" if len(dims) > 1 else text
+
+
+class Builder:
+    """Formats the assignments of one graph (the derivation's or the paper objects')."""
+
+    def __init__(self, graph: Graph, notation: Notation,
+                 directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]]) -> None:
+        self.graph = graph
+        self.notation = notation
+        self.directions = directions
+        self.layouts: dict[str, mf.Layout | None] = {}
+        for assign in graph.assigns:
+            first, second = directions.get(assign.group, ((), ()))
+            self.layouts[assign.target.name] = mf.tensor_layout(assign.target.indices, first,
+                                                                second)
+
+    def matrix(self, assign: Assign) -> tuple[tuple, tuple, mf.MatExpr | None] | None:
+        """The row and column indices of ``assign``'s target in the paper layout and its
+        matrix form (``None`` where no rule applies); ``None`` for a tensor that is not a
+        matrix."""
+        layout = self.layouts.get(assign.target.name)
+        if layout is None or assign.reduction is not None:
+            return None
+        indices = assign.target.indices
+        rows, cols = (tuple(indices[k] for k in part) for part in layout)
+        return rows, cols, mf.to_matrix(assign.expr, rows, cols, self.layouts)
+
+    def formula(self, assign: Assign, matrix_lhs: str | None = None, note: str = "") -> Formula:
+        target, expr = assign.target, assign.expr
+        first, second = self.directions.get(assign.group, ((), ()))
+        printer = LatexPrinter(self.notation)
+        role_rows = tuple(i for i in target.indices if i not in first and i not in second)
+        printer.name_indices(expr, role_rows, first, second)
+        symbol = self.notation(target.name)
+        lhs = printer._print_Ref(target[target.indices].terms[0].factors[0])
+        if assign.reduction == "max":
+            source = expr.terms[0].factors[0]
+            lhs_source = printer._print_Ref(source)
+            lines = [rf"\max_{{{printer._index(source.indices[-1])}}} {lhs_source}"]
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+                           "a constant shift (not differentiated)", note)
+        if assign.reduction == "causal":
+            i, j = (printer._index(k) for k in target.indices)
+            lines = [rf"0 \text{{ if }} {j} \le {i}, \quad -\infty \text{{ if }} {j} > {i}"]
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+                           "the causal mask (a constant)", note)
+        layout = self.matrix(assign)
+        matrix = None
+        if layout is not None:
+            rows, cols, matrix = layout
+            shape = (rf"{_size_text(i.dim for i in rows)} \times "
+                     rf"{_size_text(i.dim for i in cols)}")
+            described = (f"rows ${', '.join(printer._index(i) for i in rows)}$, " if rows
+                         else "one row, ")
+            described += (f"columns ${', '.join(printer._index(i) for i in cols)}$" if cols
+                          else "one column")
+        else:
+            shape = r" \times ".join(sp.latex(i.dim) for i in target.indices)
+            described = "a tensor of order " + str(len(target.indices))
+        matrix_lhs = matrix_lhs or symbol
+        return Formula(
+            lhs, _lines(printer, expr, lhs), matrix_lhs,
+            None if matrix is None else _lines(printer, matrix, matrix_lhs),
+            shape, described, note)
+
+    def blocks(self, assigns: list[Assign], titles: dict[str, str] | None = None
+               ) -> list[Block]:
+        """``assigns`` as blocks by sublayer, in order, merging runs of one sublayer."""
+        out: list[Block] = []
+        for assign in assigns:
+            title = (titles or {}).get(assign.target.name) or assign.sublayer or "Parameters"
+            if not out or out[-1].title != title:
+                out.append(Block(title))
+            out[-1].formulas.append(self.formula(assign))
+        return out
+
+
+def _notation(der: Derivation) -> Notation:
+    """Symbols for every derived tensor of ``der``, from its groups."""
+    notation = Notation()
+    graph = der.graph
+    forward = [a.target.name for a in graph.assigns if a.group in ("forward", "loss")]
+    variables = [v.name for v in der.variables]
+    for v in variables:
+        sup = variable_symbol(v)
+        for node in forward:
+            notation.derived(f"d{node}_{v}", node, "dot", sup)
+        notation.symbols[f"jacobian_{v}"] = rf"\frac{{\partial Z}}{{\partial {sup}}}"
+        notation.symbols[f"hvp_{v}"] = rf"(Hv)_{{{sup}}}"
+        notation.symbols[f"v_{v}"] = rf"v_{{{sup}}}"
+        for w in variables:
+            both = f"{sup},{variable_symbol(w)}"
+            for node in forward:
+                notation.derived(f"d2{node}_{v}{w}", node, "ddot", both)
+            notation.symbols[f"output_hessian_{v}_{w}"] = (
+                rf"\frac{{\partial^2 Z}}{{\partial {sup}\,\partial {variable_symbol(w)}}}")
+            notation.symbols[f"gauss_newton_{v}_{w}"] = rf"H^{{\mathrm{{GN}}}}_{{{both}}}"
+            notation.symbols[f"functional_{v}_{w}"] = rf"H^{{\mathrm{{F}}}}_{{{both}}}"
+    for name in [*forward, *variables]:
+        notation.derived(f"g_{name}", name, "bar", "")
+        for label in ("params", "X"):
+            notation.derived(f"d{name}_v{label}", name, "dot", "v")
+    return notation
+
+
+NOTATION_TEXT = r"""
+Matrices are vectorised row by row: $\operatorname{vec}_r(W)$ stacks the rows of $W$, so the
+entry $W_{pq}$ of a $P \times Q$ matrix sits at position $pQ + q$. Derivatives use numerator
+layout: $\partial N / \partial W := \partial \operatorname{vec}_r(N) / \partial
+\operatorname{vec}_r(W)^{\top}$, and a second derivative $\partial^2 N / \partial W_i \partial
+W_j$ is $\partial \operatorname{vec}_r(\partial N / \partial W_i) / \partial
+\operatorname{vec}_r(W_j)^{\top}$, of shape $(n_N n_i) \times n_j$. $A \otimes B$ is the
+Kronecker product, $K_{m,n}$ the commutation matrix ($K_{m,n} \operatorname{vec}(A) =
+\operatorname{vec}(A^{\top})$ for $A \in \mathbb{R}^{m \times n}$), $A \circ B$ the
+elementwise product, $\operatorname{diag}(u)$ the diagonal matrix of a vector,
+$\mathbf{1}_n$ the all-ones vector and $I_n$ the identity.
+
+\emph{Index form.} Every formula is first stated entry by entry, exactly as the engine
+derived it: an index repeated on the right and absent on the left is summed (the sum is
+written out), $\delta$ is the Kronecker delta. Row indices are $i, j, k, l$, the first
+direction's $p, q$, the second direction's $r, t$, summed ones $a, b, c, e, f, g, h$.
+\emph{Matrix form.} Where the engine recognises the structure (chains of matrix products,
+Kronecker products with commutation matrices, products with a stored derivative) the same
+formula follows in the paper's notation, as a matrix whose rows and columns are stated with
+it; otherwise the index form stands alone, marked \emph{index form only}.
+
+\emph{Derived symbols.} $\dot N^{W}$ is the engine's stored derivative of node $N$ along
+$W$: its indices are $N$'s and $W$'s, except those a Kronecker delta or a broadcast
+carries where it is used, so $\dot N^{W}$ is the Jacobian $\partial N / \partial W$ up to
+such factors, which each formula shows. $\ddot N^{V,W}$ is the second derivative, $\bar N =
+\partial \ell / \partial N$ the adjoint (the gradient of the per-sample loss),
+$\dot N^{v}$ a directional derivative along $v$ (Hessian-vector products).
+"""
+
+
+def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, str]]:
+    roles = {"input": "input", "param": "parameter", "target": "target",
+             "constant": "constant", "node": "node"}
+    rows = []
+    for tensor in der.graph.tensors.values():
+        if tensor.role in roles and not tensor.name.startswith(("d", "g_", "v_")) or (
+                tensor.role in ("input", "param", "target", "constant")):
+            if any(a.target is tensor and a.group not in ("forward", "loss")
+                   for a in der.graph.assigns):
+                continue
+            shape = r" \times ".join(sp.latex(d) for d in tensor.shape) or "1 (scalar)"
+            rows.append((f"${notation(tensor.name)}$", f"${shape}$", roles[tensor.role]))
+    return rows
+
+
+def document_context(der: Derivation) -> dict:
+    """Everything the LaTeX template needs for ``der``: title, architecture, sections."""
+    from .generate import describe
+
+    config, graph = der.config, der.graph
+    notation = _notation(der)
+    builder = Builder(graph, notation, der.group_directions)
+    variables = [v.name for v in der.variables]
+    sections = []
+
+    def group(name: str) -> list[Assign]:
+        return graph.in_group(name)
+
+    forward = Section("Architecture", "The configured network and its loss, node by node "
+                      "(per sample; the loss is averaged over the batch).")
+    forward.blocks = builder.blocks(group("forward") + group("loss"))
+    sections.append(forward)
+
+    first = Section("First derivatives", r"For each variable $W$, the stored derivatives "
+                    r"$\dot N^{W}$ of the nodes in forward order (the chain rule), then the "
+                    r"output Jacobian $\partial Z / \partial W$ of shape $(L d) \times n_W$.")
+    for v in variables:
+        block_list = builder.blocks(group(f"tangent_{v}"))
+        block_list += builder.blocks(group(f"jacobian_{v}"),
+                                     {f"jacobian_{v}": "Output Jacobian"})
+        block_list += builder.blocks(group(f"loss_tangent_{v}"))
+        for block in block_list:
+            block.title = f"${variable_symbol(v)}$: {block.title}"
+        first.blocks += block_list
+    sections.append(first)
+
+    second = Section("Second derivatives", r"For each pair $V \le W$ (in parameter order; "
+                     r"the pair $W, V$ is the same tensor with its direction indices "
+                     r"swapped), the stored second derivatives $\ddot N^{V,W}$ and the "
+                     r"output's $\partial^2 Z / \partial V \partial W$ in the paper's layout "
+                     r"$(L d\, n_V) \times n_W$.")
+    for n, v in enumerate(variables):
+        for w in variables[n:]:
+            block_list = builder.blocks(group(f"second_{v}_{w}"),
+                                        {f"output_hessian_{v}_{w}": "Output Hessian"})
+            for block in block_list:
+                block.title = (f"${variable_symbol(v)}, {variable_symbol(w)}$: "
+                               f"{block.title}")
+            second.blocks += block_list
+    sections.append(second)
+
+    adjoint = Section("Gradient", r"Reverse mode: the adjoints $\bar N = \partial \ell / "
+                      r"\partial N$ of the per-sample loss, from the loss back to the "
+                      r"parameters and the input.")
+    adjoint.blocks = builder.blocks(group("adjoints"))
+    sections.append(adjoint)
+
+    hessian = Section("Loss Hessian", r"Each block $H_{V,W} = H^{\mathrm{GN}}_{V,W} + "
+                      r"H^{\mathrm{F}}_{V,W}$ of shape $n_V \times n_W$: the Gauss--Newton "
+                      r"part $J_V^{\top} (\partial^2 \ell / \partial Z^2) J_W$ and the "
+                      r"functional part $(\partial \ell / \partial Z \otimes I_{n_V}) "
+                      r"\partial^2 Z / \partial V \partial W$, both contracted with the "
+                      r"adjoints before expanding. Parameter blocks are averaged over the "
+                      r"batch; the $X, X$ block is per sample.")
+    pairs = list(dict.fromkeys((v, w) for v, w, _ in der.loss_hessian))
+    for v, w in pairs:
+        block = Block(f"${variable_symbol(v)}, {variable_symbol(w)}$")
+        for assign in group(f"loss_hessian_{v}_{w}"):
+            block.formulas.append(builder.formula(
+                assign, note="averaged over the batch" if assign.mean_over_batch else ""))
+        hessian.blocks.append(block)
+    sections.append(hessian)
+
+    if config.kind == "block" and config.norm_position == "post":
+        sections.append(_paper_objects(der, notation))
+
+    hvp = Section("Hessian-vector products", r"Forward mode over the gradient: the "
+                  r"directional derivatives $\dot N^{v}$ of every node and adjoint along "
+                  r"the direction $v$, then $(Hv)_W = \dot{\bar W}^{v}$.")
+    for label in ("params", "X"):
+        hvp.blocks += builder.blocks(group(f"hvp_{label}"))
+    sections.append(hvp)
+
+    title, description = describe(config)
+    functions = [(rf"{name}(x)", _function_lines(expr, rf"{name}(x)"))
+                 for name, expr in notation.functions.items()]
+    return dict(
+        name=config.name, title=title, architecture=description.split("\n"),
+        notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
+        functions=functions,
+        sections=sections, shares=[(s.title, *s.counts) for s in sections],
+        total=tuple(map(sum, zip(*(s.counts for s in sections)))))
+
+
+def _paper_objects(der: Derivation, notation: Notation) -> Section:
+    """The named objects of Theorems 4-5 (post-LN block), with their derivations."""
+    objects = BlockObjects(der.config)
+    symbols = {"J_Z": "J_Z", "J_Y": "J_Y", "J_SY": "J_{SY}",
+               **{f"G_{k}": f"G_{k}" for k in "QKV"}, **{f"B_{k}": f"B_{k}" for k in WEIGHTS},
+               "H_Z": "H_Z"}
+    section = Section(
+        "The paper's named objects",
+        r"Theorems 4--5 in the engine's terms: $J_Z = \partial Z / \partial S$, $H_Z = "
+        r"\partial^2 Z / \partial S^2$, $J_Y = \partial Y / \partial (X + F)$, $J_{SY} = "
+        r"\partial S / \partial Y$, $G_k = \partial F / \partial W_k$, $B_i = \partial S / "
+        r"\partial W_i$ and $\xi_{ij} = \partial B_i / \partial W_j = \partial^2 S / "
+        r"\partial W_i \partial W_j$, each derived by the same chain rule (the $\xi_{ij}$ "
+        r"are the stored second derivatives $\ddot S^{W_i,W_j}$ of the second-derivatives "
+        r"section). Theorem 5 assembles the output Hessian as $H_{\mathrm{tr}}^{(i,j)} = "
+        r"(J_Z \otimes I_{n_i})\, \xi_{ij} + (I_{L d} \otimes B_i^{\top})\, H_Z\, B_j$; "
+        r"the test suite checks this identity for every pair "
+        r"(\texttt{tests/test\_paper\_block.py}).")
+    directions: dict[str, tuple] = {}
+    for name in symbols:
+        obj = objects.get(name)
+        wrt = obj.expr.free[len(objects.tensor(_of(name)).indices):]
+        half = len(wrt) // 2 if name == "H_Z" else len(wrt)
+        directions[f"object_{name}"] = (wrt[:half], wrt[half:])
+        if name == "H_Z":
+            directions["paper_S_S"] = directions["object_H_Z"]
+        with objects.graph.group(f"object_{name}"):
+            objects.graph.output(f"object_{name}", obj.expr)
+        notation.symbols[f"object_{name}"] = symbols[name]
+    for variable in ("S", "U", "Y", *WEIGHTS.values()):
+        directions[f"paper_{variable}"] = (objects._first(variable).indices, ())
+    for assign in objects.graph.assigns:
+        node, group = assign.target.name, assign.group
+        if group == "paper_S_S" and node.endswith("_paper_SS"):
+            notation.derived(node, node[2:-len("_paper_SS")], "ddot", "S,S")
+        elif group.startswith("paper_") and node.endswith(f"_{group}"):
+            notation.derived(node, node[1:-len(group) - 1], "dot",
+                             variable_symbol(group[len("paper_"):]))
+    builder = Builder(objects.graph, notation, directions)
+    for name in symbols:
+        block = Block(f"${symbols[name]}$")
+        block.formulas = [builder.formula(a) for a in objects.graph.in_group(
+            "paper_S_S" if name == "H_Z" else f"paper_{_wrt(name)}")]
+        block.formulas += [builder.formula(a) for a in objects.graph.in_group(f"object_{name}")]
+        section.blocks.append(block)
+    return section
+
+
+def _of(name: str) -> str:
+    """The node a named object differentiates."""
+    return {"J_Z": "Z", "H_Z": "Z", "J_Y": "Y", "J_SY": "S"}.get(name) or (
+        "F" if name.startswith("G_") else "S")
+
+
+def _wrt(name: str) -> str:
+    """The variable a named object differentiates along."""
+    return {"J_Z": "S", "H_Z": "S", "J_Y": "U", "J_SY": "Y"}.get(name) or WEIGHTS[name[2:]]
+
+
+def document(source: Config | Derivation) -> str:
+    """The LaTeX document of a config (or of its derivation): every derived formula, in
+    index form and, where recognised, in the paper's matrix form."""
+    import jinja2
+
+    from .generate import TEMPLATES
+
+    der = source if isinstance(source, Derivation) else derive(source)
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES / "latex"),
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+                             autoescape=False, block_start_string="<%",
+                             block_end_string="%>", variable_start_string="<<",
+                             variable_end_string=">>", comment_start_string="<#",
+                             comment_end_string="#>")
+    return env.get_template("document.tex.jinja").render(**document_context(der))
+

@@ -1,0 +1,290 @@
+"""The LaTeX backend's printer: index-form expressions and matrix expressions as LaTeX.
+
+One ``_print_<Node>`` per node type, as in SymPy's printers. Tensor names print through a
+:class:`Notation` (``T_att`` as :math:`T_{\\mathrm{att}}`, the tangent ``dF_W_V`` as
+:math:`\\dot F^{W_V}`, the adjoint ``g_A`` as :math:`\\bar A`); index names are chosen per
+equation (rows ``i j k l``, first direction ``p q``, second direction ``r t``, summed
+``a b c e f g h``). :meth:`LatexPrinter.chunks` splits an expression where a line may
+break, for documents that must not overflow the page.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import sympy as sp
+from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
+
+from ..derivations import matrixform as mf
+from ..derivations.functions import ScalarFn
+from ..derivations.functions import x as fn_variable
+from ..derivations.indexform import Apply, Delta, Expr, Index, Ref, Term
+
+GREEK = {"mu": r"\mu", "gamma": r"\gamma", "beta": r"\beta", "ell": r"\ell", "sigma": r"\sigma"}
+LETTERS = {"rows": "ijklmn", "first": "pqu", "second": "rtv", "summed": "abcefgh"}
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A tensor's symbol: a head letter with a subscript, a superscript and a decoration
+    (``dot``, ``ddot``, ``bar``) on the head."""
+
+    head: str
+    sub: str = ""
+    sup: str = ""
+    accent: str = ""
+
+    def latex(self, extra_sub: str = "") -> str:
+        head = f"\\{self.accent}{{{self.head}}}" if self.accent else self.head
+        sub = ",".join(s for s in (self.sub, extra_sub) if s)
+        return head + (f"_{{{sub}}}" if sub else "") + (f"^{{{self.sup}}}" if self.sup else "")
+
+
+def base_symbol(name: str) -> Symbol:
+    """``W_Q`` → ``W_Q``; ``T_att`` → ``T_{att}``; ``ln1_mu`` → ``μ^{(1)}``; ``gamma_1``
+    → ``γ_1``."""
+    sup = ""
+    match = re.fullmatch(r"ln(\d)_(.*)", name)
+    if match:
+        sup, name = f"({match.group(1)})", match.group(2)
+    head, _, sub = name.partition("_")
+    head = GREEK.get(head, head if len(head) == 1 else rf"\mathrm{{{head}}}")
+    if len(sub) > 1 and not sub.isdigit():
+        sub = sub.replace("_", "")
+        sub = r"\max" if sub == "max" else rf"\mathrm{{{sub}}}"
+    return Symbol(head, sub, sup)
+
+
+def variable_symbol(name: str) -> str:
+    return base_symbol(name).latex()
+
+
+#: Elementwise functions printed wider than this are named, and defined apart.
+LONG_FUNCTION = 18
+
+
+@dataclass
+class Notation:
+    """Display symbols for every tensor of a derivation (fallback: :func:`base_symbol`),
+    and the elementwise functions too long to print inline (name → definition)."""
+
+    symbols: dict[str, str] = field(default_factory=dict)
+    functions: dict[str, sp.Expr] = field(default_factory=dict)
+
+    def function(self, fn: ScalarFn) -> str | None:
+        """The name under which ``fn`` prints, when its formula is too long to inline."""
+        if width(sp.latex(fn.expr)) <= LONG_FUNCTION:
+            return None
+        stem = fn.label.rstrip("'")
+        base = rf"\operatorname{{{stem.replace('_', '-')}}}" + "'" * (len(fn.label) - len(stem))
+        name, n = base, 1
+        while self.functions.get(name, fn.expr) != fn.expr:
+            n += 1
+            name = f"{base}_{{{n}}}"
+        self.functions[name] = fn.expr
+        return name
+
+    def __call__(self, name: str) -> str:
+        return self.symbols.get(name) or base_symbol(name).latex()
+
+    def derived(self, name: str, node: str, accent: str, sup: str) -> None:
+        symbol = base_symbol(node)
+        sup = ",".join(s for s in (symbol.sup, sup) if s)
+        self.symbols[name] = Symbol(symbol.head, symbol.sub, sup, accent).latex()
+
+
+class LatexPrinter(SympyLatexPrinter):
+    """SymPy's LaTeX printer extended with the engine's index-form and matrix nodes."""
+
+    def __init__(self, notation: Notation | None = None,
+                 letters: dict[Index, str] | None = None) -> None:
+        super().__init__({"mul_symbol": None})
+        self.notation = notation or Notation()
+        self.letters = dict(letters or {})
+
+    # -- indices -------------------------------------------------------------------
+    def name_indices(self, expr: Expr, rows: tuple[Index, ...] = (),
+                     first: tuple[Index, ...] = (), second: tuple[Index, ...] = ()) -> None:
+        """Choose letters for ``expr``'s free indices by role and for its summed ones."""
+        self.letters = {}
+        roles = (("second", second), ("first", first), ("rows", rows))
+        used: set[str] = set()
+        for index in expr.free or ():
+            role = next((r for r, group in roles if index in group), "rows")
+            self.letters[index] = self._letter(role, used)
+        summed = dict.fromkeys(i for t in expr.terms for i in t.indices()
+                               if i not in self.letters)
+        for index in summed:
+            self.letters[index] = self._letter("summed", used)
+
+    @staticmethod
+    def _letter(role: str, used: set[str]) -> str:
+        for n in range(100):
+            for letter in LETTERS[role]:
+                name = letter if n == 0 else f"{letter}_{{{n}}}"
+                if name not in used:
+                    used.add(name)
+                    return name
+        raise AssertionError("ran out of index letters")
+
+    def _index(self, index: Index) -> str:
+        return self.letters.get(index, index.name.lstrip("_"))
+
+    def _indices(self, indices: tuple[Index, ...]) -> str:
+        return "".join(self._index(i) for i in indices) if all(
+            len(self._index(i)) == 1 for i in indices) else ",".join(map(self._index, indices))
+
+    # -- index form ------------------------------------------------------------------
+    def _print_Ref(self, factor: Ref) -> str:
+        symbol = self.notation(factor.name)
+        if not factor.indices:
+            return symbol
+        indices = self._indices(factor.indices)
+        if re.fullmatch(r"[A-Za-z]|\\[a-zA-Z]+", symbol):
+            return f"{symbol}_{{{indices}}}"
+        return f"\\left[{symbol}\\right]_{{{indices}}}"
+
+    def _print_Apply(self, factor: Apply) -> str:
+        return self._applied(factor.fn, self._print_Ref(Ref(factor.name, factor.indices)))
+
+    def _applied(self, fn: ScalarFn, argument: str) -> str:
+        """``fn`` of the printed ``argument``: inline, or by name when long."""
+        name = self.notation.function(fn)
+        if name is not None:
+            return rf"{name}\left({argument}\right)"
+        symbol = sp.Symbol("ARG")
+        body = fn.expr.subs(fn_variable, symbol)
+        return SympyLatexPrinter({"symbol_names": {symbol: argument}}).doprint(body)
+
+    def _print_Delta(self, factor: Delta) -> str:
+        return rf"\delta_{{{self._indices(factor.indices)}}}"
+
+    def _coefficient(self, coeff: sp.Expr, first: bool) -> str:
+        """The sign and coefficient that lead a term (``""`` for 1)."""
+        sign = "-" if coeff.could_extract_minus_sign() else "+"
+        magnitude = -coeff if sign == "-" else coeff
+        text = "" if magnitude == 1 else self.doprint(magnitude) + " "
+        if first:
+            return ("-" if sign == "-" else "") + text
+        return f"{sign} {text}"
+
+    def term_chunks(self, term: Term, free: tuple[Index, ...], first: bool) -> list[str]:
+        """A term as pieces between which a line may break: the sign, coefficient and sum,
+        then one piece per factor."""
+        summed = [i for i in term.indices() if i not in free]
+        head = self._coefficient(term.coeff, first)
+        if summed:
+            head += rf"\sum_{{{self._indices(tuple(summed))}}} "
+        factors = [self._print(f) for f in term.factors] or ["1"]
+        return [head + factors[0], *factors[1:]]
+
+    def chunks(self, expr: Expr | mf.MatExpr) -> list[list[str]]:
+        """``expr`` as terms, each a list of pieces that may be split across lines."""
+        if isinstance(expr, Expr):
+            if expr.is_zero:
+                return [["0"]]
+            return [self.term_chunks(t, expr.free, n == 0) for n, t in enumerate(expr.terms)]
+        terms = expr.args if isinstance(expr, mf.MatSum) else (expr,)
+        out = []
+        for n, term in enumerate(terms):
+            coeff, body = ((term.coeff, term.arg) if isinstance(term, mf.MatScaled)
+                           else (sp.Integer(1), term))
+            pieces = self._factors(body)
+            out.append([self._coefficient(coeff, n == 0) + pieces[0], *pieces[1:]])
+        return out
+
+    def _factors(self, body: mf.MatExpr) -> list[str]:
+        """A matrix term as pieces: the factors of a product, the operands of ``∘``."""
+        if isinstance(body, mf.MatProduct):
+            return [self._wrap(a, body) for a in body.args]
+        if isinstance(body, mf.MatHadamard):
+            pieces = [self._wrap(a, body) for a in body.args]
+            return [p + r" \circ" for p in pieces[:-1]] + pieces[-1:]
+        return [self._print(body)]
+
+    def _print_Expr(self, expr) -> str:
+        if not isinstance(expr, Expr):
+            return super()._print_Basic(expr)
+        return " ".join(piece for term in self.chunks(expr) for piece in term)
+
+    # -- matrix form --------------------------------------------------------------------
+    def _wrap(self, arg: mf.MatExpr, parent: mf.MatExpr) -> str:
+        text = self._print(arg)
+        loose = (mf.MatSum, mf.MatScaled, mf.MatKron, mf.MatHadamard)
+        tight = isinstance(parent, (mf.MatTranspose, mf.MatKron, mf.MatHadamard))
+        if isinstance(arg, loose) or (tight and isinstance(arg, mf.MatProduct)):
+            return rf"\left({text}\right)"
+        return text
+
+    def _print_MatLeaf(self, node: mf.MatLeaf) -> str:
+        symbol = self.notation(node.factor.name)
+        if isinstance(node.factor, Apply):
+            return self._applied(node.factor.fn, symbol)
+        return symbol
+
+    def _print_MatIdentity(self, node: mf.MatIdentity) -> str:
+        return rf"I_{{{self.doprint(node.dim)}}}"
+
+    def _print_MatOnes(self, node: mf.MatOnes) -> str:
+        return rf"\mathbf{{1}}_{{{self.doprint(node.dim)}}}"
+
+    def _print_MatZero(self, node: mf.MatZero) -> str:
+        return "0"
+
+    def _print_MatCommutation(self, node: mf.MatCommutation) -> str:
+        return rf"K_{{{self.doprint(node.m)},{self.doprint(node.n)}}}"
+
+    def _print_MatTranspose(self, node: mf.MatTranspose) -> str:
+        inner = self._wrap(node.arg, node)
+        if "^" in inner and not inner.startswith(r"\left("):
+            inner = rf"\left({inner}\right)"
+        return rf"{inner}^{{\top}}"
+
+    def _print_MatDiag(self, node: mf.MatDiag) -> str:
+        return rf"\operatorname{{diag}}\left({self._print(node.arg)}\right)"
+
+    def _print_MatVec(self, node: mf.MatVec) -> str:
+        text = rf"\operatorname{{vec}}_r\left({self._print(node.arg)}\right)"
+        return text + r"^{\top}" if node.row else text
+
+    def _print_MatProduct(self, node: mf.MatProduct) -> str:
+        return " ".join(self._wrap(a, node) for a in node.args)
+
+    def _print_MatHadamard(self, node: mf.MatHadamard) -> str:
+        return r" \circ ".join(self._wrap(a, node) for a in node.args)
+
+    def _print_MatKron(self, node: mf.MatKron) -> str:
+        scalars = [a for a in node.args if a.shape() == (1, 1)]
+        rest = [a for a in node.args if a.shape() != (1, 1)]
+        text = r" \otimes ".join(self._wrap(a, node) for a in rest)
+        if scalars:
+            text = " ".join(rf"\left({self._print(a)}\right)" for a in scalars) + (
+                rf" \left({text}\right)" if len(rest) > 1 else f" {text}")
+        return text
+
+    def _print_MatScaled(self, node: mf.MatScaled) -> str:
+        return " ".join(" ".join(t) for t in self.chunks(node))
+
+    def _print_MatSum(self, node: mf.MatSum) -> str:
+        return " ".join(piece for term in self.chunks(node) for piece in term)
+
+
+def latex(expr: Expr | mf.MatExpr | Term, notation: Notation | None = None) -> str:
+    """LaTeX for an index-form expression (free indices named by position) or a matrix
+    expression."""
+    printer = LatexPrinter(notation)
+    if isinstance(expr, Term):
+        expr = Expr([expr], tuple(dict.fromkeys(expr.indices())))
+    if isinstance(expr, Expr):
+        printer.name_indices(expr)
+    return printer.doprint(expr)
+
+
+def width(text: str) -> float:
+    """A rough printed width of a LaTeX snippet, in characters of normal size."""
+    text = re.sub(r"\\(left|right|operatorname|mathrm|mathbf|top)\b", "", text)
+    text = re.sub(r"\\[a-zA-Z]+", "x", text)
+    scripts = sum(len(m) for m in re.findall(r"[_^]\{([^{}]*)\}", text))
+    plain = len(re.sub(r"[{}_^\s]", "", text))
+    return plain - 0.4 * scripts
