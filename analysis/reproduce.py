@@ -53,7 +53,7 @@ QUICK = Settings(attention_seeds=100, block_seeds=12,
 FULL = Settings(attention_seeds=600, block_seeds=128,
                 structure_dims={"L": 16, "d": 16, "d_k": 16, "d_ff": 64},
                 structure_samples=512, structure_steps=400, large_samples=4, sigma_step=0.5,
-                vit_epochs=40, hessian_samples=32)
+                vit_epochs=40, hessian_samples=128)
 
 #: Scaling: the configs, the σ range drawn, and the largest σ of the fit (the small-σ
 #: regime; with eps > 0 LayerNorm is linear only while σ² var(input) ≪ eps).

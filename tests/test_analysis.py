@@ -27,8 +27,10 @@ from curvgap.codegen.verify import random_case
 from curvgap.derivations.functions import ScalarFn, activation, exp, power, x
 from curvgap.generated.torch import layernorm, paper_block
 
-ATTENTION_SEEDS = range(300)
-BLOCK_SEEDS = range(48)
+#: The same instances as the full ``curvgap reproduce``, so that every violation its report
+#: lists is shown here.
+ATTENTION_SEEDS = range(600)
+BLOCK_SEEDS = range(128)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,7 +112,8 @@ SIGMA_MIN = ("with sigma_min = min_i ||M_i|| as printed, 1/sigma_min is sqrt(d) 
              "than ||P|| = 1/min_i std_i (docs/ERRATA.md)")
 INGREDIENTS = [
     pytest.param("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", marks=_xfail(STEP_1)),
-    *[("§7.6 Gk_bounds", f"‖G_{k}‖") for k in "QKV"],
+    ("§7.6 Gk_bounds", "‖G_Q‖"), ("§7.6 Gk_bounds", "‖G_V‖"),
+    pytest.param("§7.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
     *[("§7.6 Φ bounds", f"‖Φ_{k}{m}‖") for k, m in ("QQ", "KK", "QK", "KQ")],
     *[pytest.param("§7.6 Φ bounds", f"‖Φ_{k}{m}‖", marks=_xfail(LOSS_FACTOR))
       for k, m in ("VQ", "QV", "VK", "KV")],
@@ -131,8 +134,9 @@ DOCUMENTED = [
     pytest.param(False, 244, APPENDIX, "H(K,K) Gauss–Newton", marks=_xfail(STEP_1)),
     pytest.param(False, 155, APPENDIX, "H(Q,K) Gauss–Newton", marks=_xfail(STEP_1)),
     pytest.param(True, 24, "Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", marks=_xfail(STEP_1)),
+    pytest.param(True, 88, "§7.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
     pytest.param(True, 5, "§7.6 Φ bounds", "‖Φ_VK‖", marks=_xfail(LOSS_FACTOR)),
-    pytest.param(True, 31, "Lemma 8.4", "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
+    pytest.param(True, 113, "Lemma 8.4", "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
 ]
 
 
