@@ -103,8 +103,7 @@ def run(quick: bool, out: Path, report: Callable[[str], None] | None = None) -> 
 
 def _machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "processor": platform.processor() or platform.machine(),
-            "threads": 1}
+            "processor": platform.processor() or platform.machine()}
 
 
 # -- 1. bounds -------------------------------------------------------------------------------
@@ -227,7 +226,8 @@ READINGS = """Readings of the printed formulas (see `docs/ERRATA.md`):
   step 6): Gauss–Newton (`H_o`) and functional (`H_f`); `H(K,K)`, `H(V,K)` are `H(Q,Q)`,
   `H(V,Q)` with `W_Q ↔ W_K`. Main text uses `√min(L,d)`, the appendix `√rank(F − T)`.
 - Theorem 6: every factor by its printed bound (§7.6, Prop. 8.3 for `‖Y‖, ‖S‖`, Lemma 8.4 for
-  `J_Y, H_Y, J_Z, H_Z` with the measured `‖X + F(X)‖` and `σ_min` of both LayerNorm inputs);
+  `J_Y, H_Y, J_Z, H_Z` with the measured `‖X + F(X)‖` and `σ_min` of both LayerNorm inputs,
+  `‖B_2‖ = ‖ReLU(Y W_1)‖` measured as printed);
   `‖R^tr‖ = ‖Z − T‖_F`, as printed without the `2/(L·d)` of `∂ℓ/∂Z`; `ξ_12, ξ_21` as printed;
   blocks `(k,1), (k,2)` (no `ξ` printed) are covered by `(1,k), (2,k)` of the symmetric loss
   Hessian. `σ_min` of Lemma 8.4: as printed, `min_i ‖M_i‖₂`, and read as the smallest row

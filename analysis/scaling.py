@@ -122,7 +122,7 @@ class Sweep:
     norms: dict[tuple[str, str, str], np.ndarray]
 
 
-def generated(name: str) -> ModuleType:
+def _module(name: str) -> ModuleType:
     return importlib.import_module(f"curvgap.generated.torch.{name}")
 
 
@@ -130,7 +130,7 @@ def sweep(name: str, dims: dict[str, int], sigmas: np.ndarray, batch: int = 2,
           seed: int = 0) -> Sweep:
     """Frobenius norms of the loss-Hessian blocks of ``name`` at inputs ``σX`` (``X``,
     weights ``~ N(0, 1/d)`` and target ``~ N(0, 1)`` fixed by ``seed``), float64."""
-    module = generated(name)
+    module = _module(name)
     gen = torch.Generator().manual_seed(seed)
     params = {p: torch.randn(*(dims[s] for s in shape), generator=gen, dtype=torch.float64)
               / dims["d"] ** 0.5 for p, shape in module.PARAMS}

@@ -156,8 +156,12 @@ class Convergence:
     violations_perturbed: int
 
     def bound(self, radius: float) -> np.ndarray:
-        """``(2 ℓ_max + M radius²) / (k + 1)``."""
-        return (2 * self.loss_bound + self.M * radius ** 2) / (self.k + 1)
+        return theorem7_bound(self.k, self.loss_bound, self.M, radius)
+
+
+def theorem7_bound(k: np.ndarray, loss_bound: float, M: float, radius: float) -> np.ndarray:
+    """``(2 ℓ_max + M ‖w − w*‖²) / (k + 1)``."""
+    return (2 * loss_bound + M * radius ** 2) / (k + 1)
 
 
 def _gaps(losses: torch.Tensor) -> np.ndarray:
@@ -195,11 +199,10 @@ def convergence(params: dict, data: Digits, hessian_samples: int, seed: int = 0,
         at_moved = sample_losses(moved, x, y)
     k = np.arange(1, x.shape[0])
     optimum, perturbed = _gaps(at_optimum), _gaps(at_moved)
-    result = Convergence(k, optimum, perturbed, loss_bound, M, norms, radius,
-                         _slope(k, optimum), _slope(k, perturbed), 0, 0)
-    result.violations_optimum = int((optimum > result.bound(0.0)).sum())
-    result.violations_perturbed = int((perturbed > result.bound(radius)).sum())
-    return result
+    exceeds = [int((gaps > theorem7_bound(k, loss_bound, M, r)).sum())
+               for gaps, r in ((optimum, 0.0), (perturbed, radius))]
+    return Convergence(k, optimum, perturbed, loss_bound, M, norms, radius,
+                       _slope(k, optimum), _slope(k, perturbed), *exceeds)
 
 
 def _ema(values: np.ndarray, weight: float = 0.05) -> np.ndarray:
