@@ -105,23 +105,23 @@ def _ticks(ax, slices: dict[str, slice]) -> None:
 
 
 def plot_heatmaps(states: dict[str, Structure], path: Path) -> None:
-    """``log10 |H_ab|`` entry by entry, one panel per state, block boundaries drawn."""
+    """``log10 |H_ab|`` entry by entry (zeros blank), one panel per state, block boundaries
+    drawn."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(states), figsize=(6.2 * len(states), 5.4))
     for ax, (title, state) in zip(np.atleast_1d(axes), states.items()):
-        magnitude = state.H.abs().numpy()
-        top = np.log10(magnitude.max())
         with np.errstate(divide="ignore"):
-            image = ax.imshow(np.log10(magnitude), cmap="viridis", vmin=top - 10, vmax=top,
-                              interpolation="nearest")
+            logs = np.log10(state.H.abs().numpy())
+        low = np.percentile(logs[np.isfinite(logs)], 1)        # colour range: 1st pct. – max
+        image = ax.imshow(logs, cmap="viridis", vmin=low, vmax=logs.max())
         _ticks(ax, state.slices)
         ax.set_title(f"{title}: log10 |H| (n = {state.H.shape[0]})")
         fig.colorbar(image, ax=ax, shrink=0.85)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
