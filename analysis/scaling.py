@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +40,7 @@ PARTS = ("gauss_newton", "functional")
 _t = sp.Symbol("t", positive=True)
 
 
+@cache
 def function_degree(fn: ScalarFn, k: sp.Rational) -> Degree:
     """The degree of ``fn(u)`` for ``u`` of degree ``k`` (see the module docstring)."""
     if k == 0:

@@ -119,24 +119,32 @@ def train(data: Digits, epochs: int, batch: int = 64, lr: float = 3e-3, seed: in
     return {k: v.detach() for k, v in params.items()}, losses
 
 
-def sample_hessian_norm(params: dict, patch: torch.Tensor, label: torch.Tensor,
-                        seed: int = 0) -> float:
-    """``‖∇²_w ℓ_i‖₂`` over the block's parameters for one sample, by Lanczos on
-    double-backward Hessian-vector products (the Hessian is never formed)."""
+def sample_hvp(params: dict, patch: torch.Tensor, label: torch.Tensor
+               ) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+    """``(v ↦ ∇²_w ℓ_i v, n)`` for one sample, ``w`` the block's parameters (``vec_r`` of
+    each, concatenated in ``PARAMS`` order): double backward through a gradient kept with
+    its graph, the Hessian never formed."""
     weights = [params[name].clone().requires_grad_(True) for name in BLOCK_PARAMS]
     merged = {**params, **dict(zip(BLOCK_PARAMS, weights))}
     loss = sample_losses(merged, patch[None], label[None])[0]
     gradient = torch.autograd.grad(loss, weights, create_graph=True)
-    shapes = [w.shape for w in weights]
     sizes = [w.numel() for w in weights]
 
     def matvec(v: np.ndarray) -> np.ndarray:
         pieces = torch.as_tensor(np.ascontiguousarray(v).reshape(-1)).split(sizes)
-        hv = torch.autograd.grad(gradient, weights, [p.reshape(s) for p, s in
-                                                     zip(pieces, shapes)], retain_graph=True)
+        hv = torch.autograd.grad(gradient, weights, [p.reshape(w.shape) for p, w in
+                                                     zip(pieces, weights)], retain_graph=True)
         return torch.cat([h.reshape(-1) for h in hv]).numpy()
 
-    return lanczos_spectral_norm(matvec, sum(sizes), seed=seed, tol=1e-8)
+    return matvec, sum(sizes)
+
+
+def sample_hessian_norm(params: dict, patch: torch.Tensor, label: torch.Tensor,
+                        seed: int = 0) -> float:
+    """``‖∇²_w ℓ_i‖₂`` over the block's parameters for one sample, by Lanczos on
+    :func:`sample_hvp`."""
+    matvec, n = sample_hvp(params, patch, label)
+    return lanczos_spectral_norm(matvec, n, seed=seed, tol=1e-8)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import sympy as sp
 import torch
 from torch.func import jacrev
 
-from curvgap.analysis import bounds, scaling
+from curvgap.analysis import bounds, scaling, vit
 from curvgap.analysis.spectra import (
     hvp_operator,
     lanczos_spectral_norm,
@@ -252,3 +252,29 @@ def test_fitted_exponents_match_the_derived_degrees(degrees, name):
         elif abs(fitted - float(degree)) > 0.15:
             off[key] = (degree, fitted)
     assert not off
+
+
+# -- the ViT of the convergence experiment --------------------------------------------------
+def test_vit_sample_hvp_against_central_differences_of_the_gradient():
+    data = vit.digits()
+    params = vit.init_params(seed=3)
+    patch, label = data.train_x[0], data.train_y[0]
+    matvec, n = vit.sample_hvp(params, patch, label)
+    v = torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def gradient(shift: float) -> torch.Tensor:
+        moved, offset = dict(params), 0
+        for name in vit.BLOCK_PARAMS:
+            size = params[name].numel()
+            moved[name] = (params[name] + shift * v[offset:offset + size]
+                           .reshape(params[name].shape)).requires_grad_(True)
+            offset += size
+        loss = vit.sample_losses(moved, patch[None], label[None])[0]
+        grads = torch.autograd.grad(loss, [moved[name] for name in vit.BLOCK_PARAMS])
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    step = 1e-5
+    difference = (gradient(step) - gradient(-step)) / (2 * step)
+    hv = torch.as_tensor(matvec(v.numpy()))
+    # central differences: O(step²) truncation, O(1e-16/step) rounding; 1e-9 observed
+    assert (hv - difference).abs().max() <= 1e-7 * difference.abs().max()
