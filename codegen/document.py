@@ -207,7 +207,8 @@ W_j$ is $\partial \operatorname{vec}_r(\partial N / \partial W_i) / \partial
 Kronecker product, $K_{m,n}$ the commutation matrix ($K_{m,n} \operatorname{vec}(A) =
 \operatorname{vec}(A^{\top})$ for $A \in \mathbb{R}^{m \times n}$), $A \circ B$ the
 elementwise product, $\operatorname{diag}(u)$ the diagonal matrix of a vector,
-$\mathbf{1}_n$ the all-ones vector and $I_n$ the identity.
+$\mathbf{1}_n$ the all-ones vector and $I_n$ the identity. A scalar function written
+of a matrix ($e^{T}$, $1/E$, $\theta(H)$) acts entry by entry.
 
 \emph{Index form.} Every formula is first stated entry by entry, exactly as the engine
 derived it: an index repeated on the right and absent on the left is summed (the sum is

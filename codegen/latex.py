@@ -141,9 +141,11 @@ class LatexPrinter(SympyLatexPrinter):
         if not factor.indices:
             return symbol
         indices = self._indices(factor.indices)
-        if re.fullmatch(r"[A-Za-z]|\\[a-zA-Z]+", symbol):
+        if "_" not in _outer(symbol):  # a letter, perhaps with a superscript
             return f"{symbol}_{{{indices}}}"
-        return f"\\left[{symbol}\\right]_{{{indices}}}"
+        if r"\frac" in symbol:
+            return rf"\left[{symbol}\right]_{{{indices}}}"
+        return f"[{symbol}]_{{{indices}}}"
 
     def _print_Apply(self, factor: Apply) -> str:
         return self._applied(factor.fn, self._print_Ref(Ref(factor.name, factor.indices)))
@@ -268,6 +270,16 @@ class LatexPrinter(SympyLatexPrinter):
 
     def _print_MatSum(self, node: mf.MatSum) -> str:
         return " ".join(piece for term in self.chunks(node) for piece in term)
+
+
+def _outer(text: str) -> str:
+    """``text`` without what its braces enclose."""
+    depth, out = 0, []
+    for char in text:
+        depth += (char == "{") - (char == "}")
+        if depth == 0 and char != "}":
+            out.append(char)
+    return "".join(out)
 
 
 def latex(expr: Expr | mf.MatExpr | Term, notation: Notation | None = None) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from conftest import SHIPPED, as_numpy, generated_module, to_backend
 
 from curvgap.codegen.backends import LATEX
 from curvgap.codegen.cli import main
@@ -16,8 +17,6 @@ from curvgap.codegen.document import Builder, _notation, document
 from curvgap.codegen.generate import GENERATED, render
 from curvgap.derivations import evaluate, matrixform, sizes
 from curvgap.derivations.model import derive
-
-from conftest import SHIPPED, as_numpy, generated_module, to_backend
 
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}
 PDFLATEX = shutil.which("pdflatex")
