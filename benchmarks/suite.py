@@ -27,6 +27,8 @@ from ..derivations.config import load
 from .routes import Routes
 
 HEADLINE = {"L": 16, "d": 16, "d_k": 16, "d_ff": 64}
+#: The paper's MNIST setting: 49 patches and a class token, batch 128 (full Hessian only).
+MNIST = ({"L": 50, "d": 16, "d_k": 16, "d_ff": 64}, 128)
 
 
 def machine() -> dict:
@@ -156,6 +158,18 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
         }, ["jvp of grad", "double backward", "curvlinops matvec"])
         if quick:
             break
+    if not quick:
+        dims, mnist_batch = MNIST
+        label = {**dims, "B": mnist_batch, "dtype": "float64"}
+        report(f"  the paper's MNIST setting {label}")
+        r = runner.routes(dims, mnist_batch, torch.float64)
+        runner.case("loss_hessian (full), MNIST", label, {
+            "curvgap torch": r.curvgap("torch", "loss_hessian"),
+            "curvgap numpy": r.curvgap("numpy", "loss_hessian"),
+            "torch.func.hessian (batch)": r.hessian_batch(),
+            "torch.func.hessian per sample": r.hessian_per_sample(),
+            "curvlinops dense": _optional(r.curvlinops_dense),
+        }, ["torch.func.hessian (batch)", "torch.func.hessian per sample", "curvlinops dense"])
     memory = _peak_memory(runner, headline, batch)
     report(f"  peak memory of numpy loss_hessian: {memory['peak_bytes'] / 2**20:.1f} MiB "
            f"= {memory['ratio_to_output']:.2f} x its output")
