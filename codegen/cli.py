@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {path}")
         if not args.no_verify:
             configs = {c.name: c for c in load_configs(args.config)}
-            if not _verify(written, configs):
+            if not _verify([p for p in written if p.suffix == ".py"], configs):
                 print("verification FAILED", file=sys.stderr)
                 return 1
         return 0

@@ -28,6 +28,22 @@ class Contract:
 
 
 @dataclass(frozen=True)
+class Combine:
+    """``result = Σ coeff * value`` over ``terms`` (a fresh array); a term's ``permute``
+    (an einsum spec such as ``"abc->acb"``, or None) reorders its axes first."""
+
+    result: str
+    terms: tuple[tuple[sp.Expr, str, str | None], ...]
+
+
+@dataclass(frozen=True)
+class Free:
+    """``del names``: temporaries past their last use (keeps peak memory down)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Zeros:
     """``result = zeros(shape)`` in the dtype and device of the input."""
 

@@ -10,7 +10,9 @@ identity matrix. Elementwise functions are evaluated once per function and share
 
 from __future__ import annotations
 
+import math
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import opt_einsum
@@ -63,6 +65,7 @@ class _Lowerer:
         self.applied_nodes = applied_nodes
         self.function = function
         self.temps: dict[tuple, str] = {}
+        self.contractions: dict[tuple, str] = {}
         self.used: dict[str, None] = {}
         self.current = ""
         self.count = 0
@@ -190,8 +193,8 @@ class _Lowerer:
                 tensor_dims = self._dims_of(name, spec)
                 dims.update(zip(spec, tensor_dims))
             shapes = [tuple(NOMINAL.get(dims[c], 16) for c in s) for s in specs]
-            path, _ = opt_einsum.contract_path(",".join(specs) + "->" + out, *shapes,
-                                               shapes=True, optimize="auto-hq")
+            path = _path(",".join(specs) + "->" + out, shapes,
+                         [NOMINAL.get(dims[c], 16) for c in out])
         else:
             path = [tuple(range(len(operands)))]
         pending = list(operands)
@@ -204,10 +207,13 @@ class _Lowerer:
                     c for _, s in chosen for c in s if c in later))
             else:
                 result_spec = out
-            name = result if result and not pending else self.temp()
             spec = ",".join(s for _, s in chosen) + "->" + result_spec
-            self.function.statements.append(
-                ir.Contract(name, spec, tuple(n for n, _ in chosen)))
+            key = (canonical_spec(spec), tuple(n for n, _ in chosen))
+            name = self.contractions.get(key)  # the same product, computed before: shared
+            if name is None:
+                name = result if result and not pending else self.temp()
+                self.function.statements.append(ir.Contract(name, spec, key[1]))
+                self.contractions[key] = name
             pending.append((name, result_spec))
         return pending[0][0]
 
@@ -218,6 +224,127 @@ class _Lowerer:
             tensor = self.graph.tensors[source]
         dims = ([B] if tensor.batched else []) + list(tensor.shape)
         return dims[-len(spec):] if spec else []
+
+
+#: Intermediates may be this many times larger than the largest operand or result.
+MEMORY_FACTOR = 16
+
+
+def _path(spec: str, shapes: list[tuple[int, ...]], out_shape: list[int]) -> list[tuple]:
+    """opt_einsum's pairwise order of fewest flops (dynamic programming) among those whose
+    intermediates stay within :data:`MEMORY_FACTOR` times the largest operand or result:
+    an intermediate much larger than both costs memory traffic that flops do not count."""
+    largest = max(math.prod(s) for s in [*shapes, tuple(out_shape)])
+    path, _ = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="dp",
+                                       memory_limit=MEMORY_FACTOR * largest)
+    if any(len(step) > 2 for step in path):  # the limit left no pairwise order
+        path, _ = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="auto-hq")
+    return path
+
+
+def canonical_spec(spec: str) -> str:
+    """``spec`` with its letters renamed in order of appearance: equal for equal products."""
+    names: dict[str, str] = {}
+    return "".join(c if c in ",->" else names.setdefault(c, LETTERS[len(names)])
+                   for c in spec)
+
+
+def _reads(statement) -> tuple[str, ...]:
+    if isinstance(statement, ir.Contract):
+        return statement.operands
+    if isinstance(statement, ir.Combine):
+        return tuple(value for _, value, _ in statement.terms)
+    if isinstance(statement, (ir.Accumulate, ir.Assign)):
+        return (statement.value,) if statement.value else ()
+    if isinstance(statement, ir.Elementwise):
+        return (statement.argument,)
+    if isinstance(statement, ir.RowMax):
+        return (statement.source,)
+    if isinstance(statement, ir.Guard):
+        return (statement.tensor, statement.scale)
+    return ()
+
+
+def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
+    """Distributivity: accumulations ``target += c_k · einsum(spec, P, Q_k)`` that share
+    the operand ``P`` and the spec become ``target += einsum(spec, P, Σ_k c_k Q_k)``, one
+    (often the most expensive) contraction instead of one per term."""
+    contracts = {s.result: s for s in statements if isinstance(s, ir.Contract)}
+    uses: dict[str, int] = {}
+    for statement in statements:
+        for name in _reads(statement):
+            uses[name] = uses.get(name, 0) + 1
+    candidates: dict[int, list[tuple]] = {}
+    for position, statement in enumerate(statements):
+        contract = contracts.get(getattr(statement, "value", None))
+        if (not isinstance(statement, ir.Accumulate) or contract is None
+                or len(contract.operands) != 2 or uses[contract.result] != 1):
+            continue
+        inputs, out = contract.spec.split("->")
+        specs = inputs.split(",")
+        keys = []
+        for k in (0, 1):
+            shared, other = specs[k], specs[1 - k]
+            if set(other) <= set(shared) | set(out):  # every Q_k of one shape
+                # Q_k's axes in a fixed order, so that transposed terms combine too
+                ordered = "".join(sorted(other, key=(shared + out).index))
+                spec = f"{shared},{ordered}->{out}" if k == 0 else f"{ordered},{shared}->{out}"
+                keys.append((statement.target, statement.tie, statement.broadcast,
+                             canonical_spec(spec), k, contract.operands[k], spec,
+                             None if ordered == other else f"{other}->{ordered}"))
+        candidates[position] = keys
+    groups: dict[tuple, list[int]] = {}
+    for position, keys in candidates.items():
+        for key in keys:
+            groups.setdefault(key[:6], []).append(position)
+    chosen: dict[int, tuple] = {}
+    for position, keys in candidates.items():
+        best = max(keys, key=lambda key: len(groups[key[:6]]), default=None)
+        if best is not None and len(groups[best[:6]]) > 1:
+            chosen[position] = best
+    members: dict[tuple, list[tuple[int, tuple]]] = {}
+    for position, key in chosen.items():
+        members.setdefault(key[:6], []).append((position, key))
+    dropped: set[int] = set()
+    inserted: dict[int, list] = {}
+    for (target, tie, broadcast, _, k, shared), group in members.items():
+        if len(group) < 2:
+            continue
+        terms = []
+        for position, key in group:
+            accumulate = statements[position]
+            contract = contracts[accumulate.value]
+            terms.append((accumulate.coeff, contract.operands[1 - k], key[7]))
+            dropped |= {position, statements.index(contract)}
+        spec = group[0][1][6]
+        combined, product = fresh(), fresh()
+        operands = (shared, combined) if k == 0 else (combined, shared)
+        inserted[group[-1][0]] = [
+            ir.Combine(combined, tuple(terms)), ir.Contract(product, spec, operands),
+            ir.Accumulate(target, tie, product, sp.Integer(1), broadcast)]
+    out = []
+    for position, statement in enumerate(statements):
+        if position not in dropped:
+            out.append(statement)
+        out.extend(inserted.get(position, []))
+    return out
+
+
+def free_temporaries(statements: list, keep: set[str]) -> list:
+    """``statements`` with each temporary (not in ``keep``) deleted after its last use."""
+    last: dict[str, int] = {}
+    for position, statement in enumerate(statements):
+        for name in _reads(statement):
+            last[name] = position
+    temporaries = {getattr(s, "result", None) for s in statements} - keep - {None}
+    out = []
+    for position, statement in enumerate(statements):
+        out.append(statement)
+        done = tuple(n for n in _reads(statement)
+                     if n in temporaries and last[n] == position)
+        if done:
+            out.append(ir.Free(tuple(dict.fromkeys(done))))
+    return out
 
 
 def lower(der: Derivation) -> list[Function]:
@@ -244,6 +371,8 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
+        function.statements = free_temporaries(
+            factor_shared_operands(function.statements, lowerer.temp), set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)

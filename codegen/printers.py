@@ -76,6 +76,15 @@ class ArrayPrinter(PythonCodePrinter):
             return f"-{value}"
         return f"({self._print(coeff)}) * {value}"
 
+    def _print_Combine(self, node: ir.Combine) -> str:
+        terms = [self._scaled(value if permute is None else
+                              f'{self.module}.einsum("{permute}", {value})', coeff)
+                 for coeff, value, permute in node.terms]
+        return f"{node.result} = " + " + ".join(terms).replace("+ -", "- ")
+
+    def _print_Free(self, node: ir.Free) -> str:
+        return f"del {', '.join(node.names)}"
+
     def _print_Assign(self, node: ir.Assign) -> str:
         return f"{node.result} = {self._scaled(node.value, node.coeff)}"
 

@@ -142,3 +142,13 @@ def test_generated_modules_are_standalone(path):
     text = path.read_text()
     for forbidden in ("kron", "eye(", "identity(", "commutation"):
         assert forbidden not in text, f"{forbidden} in {path}"
+
+
+def test_generate_with_verification_writes_modules_and_documents(tmp_path, capsys):
+    """The main job on one config: modules and the LaTeX document written, the modules
+    verified against torch.func (the document is not a module to verify)."""
+    out = tmp_path / "out"
+    assert cli.main(["generate", "--out", str(out), "--config", str(SMALL[0])]) == 0
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*.*")} == {
+        "numpy/layernorm.py", "torch/layernorm.py", "latex/layernorm.tex"}
+    assert "verification against torch.func" in capsys.readouterr().out
