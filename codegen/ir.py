@@ -28,12 +28,23 @@ class Contract:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One summand of :class:`Combine`: ``coeff * value``, its axes reordered by
+    ``permute`` (an einsum spec such as ``"abc->acb"``) or broadcast by ``broadcast``
+    (None marking the axes it lacks), when given."""
+
+    coeff: sp.Expr
+    value: str
+    permute: str | None = None
+    broadcast: tuple[bool, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Combine:
-    """``result = Σ coeff * value`` over ``terms`` (a fresh array); a term's ``permute``
-    (an einsum spec such as ``"abc->acb"``, or None) reorders its axes first."""
+    """``result = Σ parts`` (a fresh array)."""
 
     result: str
-    terms: tuple[tuple[sp.Expr, str, str | None], ...]
+    parts: tuple[Part, ...]
 
 
 @dataclass(frozen=True)

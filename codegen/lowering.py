@@ -253,7 +253,7 @@ def _reads(statement) -> tuple[str, ...]:
     if isinstance(statement, ir.Contract):
         return statement.operands
     if isinstance(statement, ir.Combine):
-        return tuple(value for _, value, _ in statement.terms)
+        return tuple(part.value for part in statement.parts)
     if isinstance(statement, (ir.Accumulate, ir.Assign)):
         return (statement.value,) if statement.value else ()
     if isinstance(statement, ir.Elementwise):
@@ -314,7 +314,7 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
         for position, key in group:
             accumulate = statements[position]
             contract = contracts[accumulate.value]
-            terms.append((accumulate.coeff, contract.operands[1 - k], key[7]))
+            terms.append(ir.Part(accumulate.coeff, contract.operands[1 - k], key[7]))
             dropped |= {position, statements.index(contract)}
         spec = group[0][1][6]
         combined, product = fresh(), fresh()
@@ -328,6 +328,29 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
             out.append(statement)
         out.extend(inserted.get(position, []))
     return out
+
+
+def sum_directly(statements: list) -> list:
+    """``T = zeros; T += c_1 v_1; T += c_2 v_2 …`` as one ``T = c_1 v_1 + c_2 v_2 …`` when no
+    term writes a tied view and one of them covers every axis (fewer array operations)."""
+    accumulates: dict[str, list[int]] = {}
+    zeros: dict[str, int] = {}
+    for position, statement in enumerate(statements):
+        if isinstance(statement, ir.Zeros):
+            zeros[statement.result] = position
+        elif isinstance(statement, ir.Accumulate):
+            accumulates.setdefault(statement.target, []).append(position)
+    replaced: dict[int, ir.Combine] = {}
+    dropped: set[int] = set()
+    for target, positions in accumulates.items():
+        terms = [statements[p] for p in positions]
+        if (target not in zeros or any(t.tie is not None or t.value is None for t in terms)
+                or all(t.broadcast is not None for t in terms)):
+            continue
+        parts = tuple(ir.Part(t.coeff, t.value, broadcast=t.broadcast) for t in terms)
+        replaced[positions[-1]] = ir.Combine(target, parts)
+        dropped |= {zeros[target], *positions[:-1]}
+    return [replaced.get(p, s) for p, s in enumerate(statements) if p not in dropped]
 
 
 def free_temporaries(statements: list, keep: set[str]) -> list:
@@ -371,8 +394,8 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
-        function.statements = free_temporaries(
-            factor_shared_operands(function.statements, lowerer.temp), set(written))
+        function.statements = free_temporaries(sum_directly(
+            factor_shared_operands(function.statements, lowerer.temp)), set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)

@@ -61,7 +61,31 @@ class ArrayPrinter(PythonCodePrinter):
         return f"{node.result} = {self._print(body)}"
 
     def _print_Contract(self, node: ir.Contract) -> str:
+        product = self._broadcast_product(node)
+        if product is not None:
+            return f"{node.result} = {product}"
         return f'{node.result} = {self.module}.einsum("{node.spec}", {", ".join(node.operands)})'
+
+    @staticmethod
+    def _broadcast_product(node: ir.Contract) -> str | None:
+        """A product that sums nothing, as ``a[:, None] * b[None, :]`` (cheaper than an
+        einsum call), when each operand's axes already come in the output's order."""
+        inputs, out = node.spec.split("->")
+        specs = inputs.split(",")
+        if len(specs) != 2 or set(inputs) - {","} != set(out):
+            return None
+        factors = []
+        for name, spec in zip(node.operands, specs):
+            if len(set(spec)) != len(spec) or [c for c in out if c in spec] != list(spec):
+                return None
+            if spec == out:
+                factors.append(name)
+                continue
+            first = min(out.index(c) for c in spec)  # leading missing axes broadcast anyway
+            index = ", ".join(":" if c in spec else "None" for c in out[first:])
+            factors.append(f"{name}[{index}]" if first == 0 or index.count("None")
+                           else f"{name}")
+        return " * ".join(factors)
 
     def _print_Zeros(self, node: ir.Zeros) -> str:
         shape = ", ".join(self._print(s) for s in node.shape)
@@ -77,9 +101,14 @@ class ArrayPrinter(PythonCodePrinter):
         return f"({self._print(coeff)}) * {value}"
 
     def _print_Combine(self, node: ir.Combine) -> str:
-        terms = [self._scaled(value if permute is None else
-                              f'{self.module}.einsum("{permute}", {value})', coeff)
-                 for coeff, value, permute in node.terms]
+        terms = []
+        for part in node.parts:
+            value = part.value
+            if part.permute is not None:
+                value = f'{self.module}.einsum("{part.permute}", {value})'
+            if part.broadcast is not None:
+                value = f"{value}[{', '.join(':' if k else 'None' for k in part.broadcast)}]"
+            terms.append(self._scaled(value, part.coeff))
         return f"{node.result} = " + " + ".join(terms).replace("+ -", "- ")
 
     def _print_Free(self, node: ir.Free) -> str:
@@ -136,7 +165,7 @@ class NumpyPrinter(ArrayPrinter):
 
     def _print_Contract(self, node: ir.Contract) -> str:
         # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
-        if len(node.operands) < 2:
+        if len(node.operands) < 2 or self._broadcast_product(node) is not None:
             return super()._print_Contract(node)
         return (f'{node.result} = np.einsum("{node.spec}", {", ".join(node.operands)}, '
                 "optimize=True)")
