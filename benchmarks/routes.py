@@ -70,12 +70,17 @@ class Routes:
         return lambda: hessian(lambda p: self._batch_loss({**fixed, **p}))(
             {k: self.params[k] for k in names})
 
-    def hessian_per_sample(self) -> Callable:
-        """``torch.func.hessian`` of each sample's loss, averaged."""
+    def hessian_per_sample(self, chunk: int | None = None) -> Callable:
+        """``torch.func.hessian`` of each sample's loss (all samples in one ``vmap``, or
+        ``chunk`` at a time when memory is short), stacked."""
         def one(p, x, t):
             return reference_loss(self.config, reference_output(self.config, p, x), t)
-        return lambda: vmap(hessian(one), in_dims=(None, 0, 0))(self.params, self.X,
-                                                                 self.target)
+        per_sample = vmap(hessian(one), in_dims=(None, 0, 0))
+        if chunk is None:
+            return lambda: per_sample(self.params, self.X, self.target)
+        starts = range(0, self.X.shape[0], chunk)
+        return lambda: [per_sample(self.params, self.X[s:s + chunk], self.target[s:s + chunk])
+                        for s in starts]
 
     def jacobian(self, mode: str) -> Callable:
         """``vmap(jacrev)`` or ``vmap(jacfwd)`` of the output in every parameter."""
