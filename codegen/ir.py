@@ -29,14 +29,12 @@ class Contract:
 
 @dataclass(frozen=True)
 class Part:
-    """One summand of :class:`Combine`: ``coeff * value``, its axes reordered by
-    ``permute`` (an einsum spec such as ``"abc->acb"``) or broadcast by ``broadcast``
-    (None marking the axes it lacks), when given."""
+    """One summand of :class:`Combine`: ``coeff * value``, its axes first reordered by
+    ``permute`` (an einsum spec such as ``"abc->acb"``) when given."""
 
     coeff: sp.Expr
     value: str
     permute: str | None = None
-    broadcast: tuple[bool, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -330,29 +330,6 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
     return out
 
 
-def sum_directly(statements: list) -> list:
-    """``T = zeros; T += c_1 v_1; T += c_2 v_2 …`` as one ``T = c_1 v_1 + c_2 v_2 …`` when no
-    term writes a tied view and one of them covers every axis (fewer array operations)."""
-    accumulates: dict[str, list[int]] = {}
-    zeros: dict[str, int] = {}
-    for position, statement in enumerate(statements):
-        if isinstance(statement, ir.Zeros):
-            zeros[statement.result] = position
-        elif isinstance(statement, ir.Accumulate):
-            accumulates.setdefault(statement.target, []).append(position)
-    replaced: dict[int, ir.Combine] = {}
-    dropped: set[int] = set()
-    for target, positions in accumulates.items():
-        terms = [statements[p] for p in positions]
-        if (target not in zeros or any(t.tie is not None or t.value is None for t in terms)
-                or all(t.broadcast is not None for t in terms)):
-            continue
-        parts = tuple(ir.Part(t.coeff, t.value, broadcast=t.broadcast) for t in terms)
-        replaced[positions[-1]] = ir.Combine(target, parts)
-        dropped |= {zeros[target], *positions[:-1]}
-    return [replaced.get(p, s) for p, s in enumerate(statements) if p not in dropped]
-
-
 def free_temporaries(statements: list, keep: set[str]) -> list:
     """``statements`` with each temporary (not in ``keep``) deleted after its last use."""
     last: dict[str, int] = {}
@@ -394,8 +371,8 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
-        function.statements = free_temporaries(sum_directly(
-            factor_shared_operands(function.statements, lowerer.temp)), set(written))
+        function.statements = free_temporaries(
+            factor_shared_operands(function.statements, lowerer.temp), set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)

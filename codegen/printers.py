@@ -68,11 +68,13 @@ class ArrayPrinter(PythonCodePrinter):
 
     @staticmethod
     def _broadcast_product(node: ir.Contract) -> str | None:
-        """A product that sums nothing, as ``a[:, None] * b[None, :]`` (cheaper than an
-        einsum call), when each operand's axes already come in the output's order."""
+        """A product that sums nothing and scales one operand by the other, as
+        ``a * b[:, None]`` (cheaper than an einsum call for small arrays), when the axes
+        already come in the output's order. Outer products stay einsums: torch writes their
+        large results faster that way."""
         inputs, out = node.spec.split("->")
         specs = inputs.split(",")
-        if len(specs) != 2 or set(inputs) - {","} != set(out):
+        if len(specs) != 2 or set(inputs) - {","} != set(out) or out not in specs:
             return None
         factors = []
         for name, spec in zip(node.operands, specs):
@@ -106,8 +108,6 @@ class ArrayPrinter(PythonCodePrinter):
             value = part.value
             if part.permute is not None:
                 value = f'{self.module}.einsum("{part.permute}", {value})'
-            if part.broadcast is not None:
-                value = f"{value}[{', '.join(':' if k else 'None' for k in part.broadcast)}]"
             terms.append(self._scaled(value, part.coeff))
         return f"{node.result} = " + " + ".join(terms).replace("+ -", "- ")
 
