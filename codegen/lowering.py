@@ -10,6 +10,7 @@ identity matrix. Elementwise functions are evaluated once per function and share
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 from collections.abc import Callable
@@ -193,8 +194,8 @@ class _Lowerer:
                 tensor_dims = self._dims_of(name, spec)
                 dims.update(zip(spec, tensor_dims))
             shapes = [tuple(NOMINAL.get(dims[c], 16) for c in s) for s in specs]
-            path = _path(",".join(specs) + "->" + out, shapes,
-                         [NOMINAL.get(dims[c], 16) for c in out])
+            path = _path(",".join(specs) + "->" + out, tuple(shapes),
+                         tuple(NOMINAL.get(dims[c], 16) for c in out))
         else:
             path = [tuple(range(len(operands)))]
         pending = list(operands)
@@ -230,7 +231,9 @@ class _Lowerer:
 MEMORY_FACTOR = 16
 
 
-def _path(spec: str, shapes: list[tuple[int, ...]], out_shape: list[int]) -> list[tuple]:
+@functools.cache
+def _path(spec: str, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...]
+          ) -> list[tuple]:
     """opt_einsum's pairwise order of fewest flops (dynamic programming) among those whose
     intermediates stay within :data:`MEMORY_FACTOR` times the largest operand or result:
     an intermediate much larger than both costs memory traffic that flops do not count."""

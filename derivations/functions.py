@@ -9,6 +9,7 @@ everywhere: SymPy's ``DiracDelta`` terms, supported on a null set, are dropped, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sympy as sp
@@ -23,7 +24,7 @@ class ScalarFn:
     label: str
     expr: sp.Expr
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Equal for equal functions, whatever their labels."""
         return sp.srepr(self.expr)
