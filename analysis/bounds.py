@@ -39,6 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..derivations import calculus, sizes
+from ..derivations.attention import softmax_rows
+from ..derivations.evaluate import evaluate
+from ..derivations.graph import Graph
 from ..generated.torch import layernorm, paper_block, self_attention
 from .spectra import block_slices, hessian_norm, spectral_norm, symmetric_spectral_norm
 
@@ -318,6 +322,20 @@ def theorem6(params: dict, X: torch.Tensor, target: torch.Tensor,
     return _nonzero(checks)
 
 
+def softmax_jacobian_of(scores: torch.Tensor) -> torch.Tensor:
+    """``∂vec_r(A)/∂vec_r(T)`` of the row softmax ``A = softmax(T)`` at ``T = scores``
+    (``L×L``), shape ``(L·L) × (L·L)``: the engine's derivative, evaluated."""
+    g = Graph()
+    T = g.input("T", (sizes.L, sizes.L))
+    softmax_rows(g, T)
+    tangents = calculus.propagate(g, list(g.assigns), calculus.seed(g, T), "T")
+    jacobian = g.output("jacobian", tangents.by_name["A"])
+    values = evaluate(g, g.assigns, {"T": scores.double().numpy()},
+                      {sizes.L: scores.shape[0]})
+    n = scores.numel()
+    return torch.from_numpy(values[jacobian.name].reshape(n, n))
+
+
 def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
     """The factor bounds Theorems 1 and 6 rest on, for one sample of ``paper_block``:
     ``‖∂A/∂T‖ ≤ 1/L``, ``‖G_k‖``, ``‖Φ_kℓ‖``, Lemma 8.4 at both LayerNorm inputs (with the
@@ -328,8 +346,7 @@ def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
     norms = {"X": spectral_norm(X), **{k: spectral_norm(params[BLOCK_NAMES[k]])
                                        for k in ("Q", "K", "V", "1", "2")}}
     scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / math.sqrt(d_k)
-    A = torch.softmax(scores, dim=-1)
-    softmax_jacobian = max(spectral_norm(torch.diag(a) - torch.outer(a, a)) for a in A)
+    softmax_jacobian = spectral_norm(softmax_jacobian_of(scores))
     checks = [Check("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", 1 / L, softmax_jacobian)]
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
     for k in ATTENTION:
