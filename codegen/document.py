@@ -126,15 +126,15 @@ class Builder:
         role_rows = tuple(i for i in target.indices if i not in first and i not in second)
         printer.name_indices(expr, role_rows, first, second)
         symbol = self.notation(target.name)
-        lhs = printer._print_Ref(target[target.indices].terms[0].factors[0])
+        lhs = printer.doprint(target[target.indices].terms[0].factors[0])
         if assign.reduction == "max":
             source = expr.terms[0].factors[0]
-            lhs_source = printer._print_Ref(source)
-            lines = [rf"\max_{{{printer._index(source.indices[-1])}}} {lhs_source}"]
+            lhs_source = printer.doprint(source)
+            lines = [rf"\max_{{{printer.index_name(source.indices[-1])}}} {lhs_source}"]
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "a constant shift (not differentiated)", note)
         if assign.reduction == "causal":
-            i, j = (printer._index(k) for k in target.indices)
+            i, j = (printer.index_name(k) for k in target.indices)
             lines = [rf"0 \text{{ if }} {j} \le {i}, \quad -\infty \text{{ if }} {j} > {i}"]
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "the causal mask (a constant)", note)
@@ -144,9 +144,9 @@ class Builder:
             rows, cols, matrix = layout
             shape = (rf"{_size_text(i.dim for i in rows)} \times "
                      rf"{_size_text(i.dim for i in cols)}")
-            described = (f"rows ${', '.join(printer._index(i) for i in rows)}$, " if rows
+            described = (f"rows ${', '.join(printer.index_name(i) for i in rows)}$, " if rows
                          else "one row, ")
-            described += (f"columns ${', '.join(printer._index(i) for i in cols)}$" if cols
+            described += (f"columns ${', '.join(printer.index_name(i) for i in cols)}$" if cols
                           else "one column")
         else:
             shape = r" \times ".join(sp.latex(i.dim) for i in target.indices)
@@ -229,15 +229,13 @@ $\dot N^{v}$ a directional derivative along $v$ (Hessian-vector products).
 
 
 def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, str]]:
+    """Inputs, parameters, target, constants and the network's nodes, with their shapes."""
     roles = {"input": "input", "param": "parameter", "target": "target",
              "constant": "constant", "node": "node"}
+    network = {a.target.name for a in der.graph.assigns if a.group in ("forward", "loss")}
     rows = []
     for tensor in der.graph.tensors.values():
-        if tensor.role in roles and not tensor.name.startswith(("d", "g_", "v_")) or (
-                tensor.role in ("input", "param", "target", "constant")):
-            if any(a.target is tensor and a.group not in ("forward", "loss")
-                   for a in der.graph.assigns):
-                continue
+        if tensor.name in network or tensor.role in ("input", "param", "target"):
             shape = r" \times ".join(sp.latex(d) for d in tensor.shape) or "1 (scalar)"
             rows.append((f"${notation(tensor.name)}$", f"${shape}$", roles[tensor.role]))
     return rows

@@ -128,12 +128,12 @@ class LatexPrinter(SympyLatexPrinter):
                     return name
         raise AssertionError("ran out of index letters")
 
-    def _index(self, index: Index) -> str:
+    def index_name(self, index: Index) -> str:
         return self.letters.get(index, index.name.lstrip("_"))
 
     def _indices(self, indices: tuple[Index, ...]) -> str:
-        return "".join(self._index(i) for i in indices) if all(
-            len(self._index(i)) == 1 for i in indices) else ",".join(map(self._index, indices))
+        names = [self.index_name(i) for i in indices]
+        return "".join(names) if all(len(n) == 1 for n in names) else ",".join(names)
 
     # -- index form ------------------------------------------------------------------
     def _print_Ref(self, factor: Ref) -> str:
