@@ -268,6 +268,17 @@ def _reads(statement) -> tuple[str, ...]:
     return ()
 
 
+@dataclass(frozen=True)
+class _Option:
+    """One way to factor an accumulation: ``group`` says which others it combines with
+    (target, view, spec, the shared operand and its position), ``spec`` is the contraction
+    with ``Q``'s axes in a fixed order, ``permute`` brings ``Q`` into that order."""
+
+    group: tuple
+    spec: str
+    permute: str | None
+
+
 def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
     """Distributivity: accumulations ``target += c_k · einsum(spec, P, Q_k)`` that share
     the operand ``P`` and the spec become ``target += einsum(spec, P, Σ_k c_k Q_k)``, one
@@ -277,7 +288,7 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
     for statement in statements:
         for name in _reads(statement):
             uses[name] = uses.get(name, 0) + 1
-    candidates: dict[int, list[tuple]] = {}
+    options: dict[int, list[_Option]] = {}
     for position, statement in enumerate(statements):
         contract = contracts.get(getattr(statement, "value", None))
         if (not isinstance(statement, ir.Accumulate) or contract is None
@@ -285,45 +296,41 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
             continue
         inputs, out = contract.spec.split("->")
         specs = inputs.split(",")
-        keys = []
+        options[position] = []
         for k in (0, 1):
             shared, other = specs[k], specs[1 - k]
             if set(other) <= set(shared) | set(out):  # every Q_k of one shape
                 # Q_k's axes in a fixed order, so that transposed terms combine too
                 ordered = "".join(sorted(other, key=(shared + out).index))
                 spec = f"{shared},{ordered}->{out}" if k == 0 else f"{ordered},{shared}->{out}"
-                keys.append((statement.target, statement.tie, statement.broadcast,
-                             canonical_spec(spec), k, contract.operands[k], spec,
-                             None if ordered == other else f"{other}->{ordered}"))
-        candidates[position] = keys
-    groups: dict[tuple, list[int]] = {}
-    for position, keys in candidates.items():
-        for key in keys:
-            groups.setdefault(key[:6], []).append(position)
-    chosen: dict[int, tuple] = {}
-    for position, keys in candidates.items():
-        best = max(keys, key=lambda key: len(groups[key[:6]]), default=None)
-        if best is not None and len(groups[best[:6]]) > 1:
-            chosen[position] = best
-    members: dict[tuple, list[tuple[int, tuple]]] = {}
-    for position, key in chosen.items():
-        members.setdefault(key[:6], []).append((position, key))
+                group = (statement.target, statement.tie, statement.broadcast,
+                         canonical_spec(spec), k, contract.operands[k])
+                options[position].append(
+                    _Option(group, spec, None if ordered == other else f"{other}->{ordered}"))
+    sizes: dict[tuple, int] = {}
+    for choices in options.values():
+        for option in choices:
+            sizes[option.group] = sizes.get(option.group, 0) + 1
+    members: dict[tuple, list[tuple[int, _Option]]] = {}
+    for position, choices in options.items():
+        best = max(choices, key=lambda option: sizes[option.group], default=None)
+        if best is not None and sizes[best.group] > 1:
+            members.setdefault(best.group, []).append((position, best))
     dropped: set[int] = set()
     inserted: dict[int, list] = {}
     for (target, tie, broadcast, _, k, shared), group in members.items():
         if len(group) < 2:
             continue
         terms = []
-        for position, key in group:
+        for position, option in group:
             accumulate = statements[position]
             contract = contracts[accumulate.value]
-            terms.append(ir.Part(accumulate.coeff, contract.operands[1 - k], key[7]))
+            terms.append(ir.Part(accumulate.coeff, contract.operands[1 - k], option.permute))
             dropped |= {position, statements.index(contract)}
-        spec = group[0][1][6]
         combined, product = fresh(), fresh()
         operands = (shared, combined) if k == 0 else (combined, shared)
         inserted[group[-1][0]] = [
-            ir.Combine(combined, tuple(terms)), ir.Contract(product, spec, operands),
+            ir.Combine(combined, tuple(terms)), ir.Contract(product, group[0][1].spec, operands),
             ir.Accumulate(target, tie, product, sp.Integer(1), broadcast)]
     out = []
     for position, statement in enumerate(statements):
