@@ -11,6 +11,7 @@ identity matrix. Elementwise functions are evaluated once per function and share
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import string
 from collections.abc import Callable
@@ -183,31 +184,23 @@ class _Lowerer:
 
     def contract(self, operands: list[tuple[str, str]], out: str,
                  result: str | None = None) -> str:
-        """A chain of pairwise einsums in the order opt_einsum computes; the last one is
-        stored as ``result`` when given."""
+        """A chain of pairwise einsums in the order opt_einsum computes, where a product
+        this function already computed counts as free; the last one is stored as
+        ``result`` when given."""
         if len(operands) == 1 and operands[0][1] == out:
             return operands[0][0]
-        specs = [s for _, s in operands]
-        if len(operands) > 2:
-            dims = {}
-            for name, spec in operands:
-                tensor_dims = self._dims_of(name, spec)
-                dims.update(zip(spec, tensor_dims))
-            shapes = [tuple(NOMINAL.get(dims[c], 16) for c in s) for s in specs]
-            path = _path(",".join(specs) + "->" + out, tuple(shapes),
-                         tuple(NOMINAL.get(dims[c], 16) for c in out))
-        else:
-            path = [tuple(range(len(operands)))]
         pending = list(operands)
-        for step in path:
+        sizes = {}
+        for name, spec in operands:
+            sizes.update(zip(spec, (NOMINAL.get(d, 16) for d in self._dims_of(name, spec))))
+        while True:
+            step, reuse = self._next_step(pending, out, sizes)
             chosen = [pending[k] for k in step]
             pending = [p for k, p in enumerate(pending) if k not in step]
-            if pending:
-                later = set(out) | {c for _, s in pending for c in s}
-                result_spec = "".join(dict.fromkeys(
-                    c for _, s in chosen for c in s if c in later))
-            else:
-                result_spec = out
+            result_spec = self._result_spec(chosen, pending, out)
+            if reuse is not None:
+                pending.append((reuse, result_spec))
+                continue
             spec = ",".join(s for _, s in chosen) + "->" + result_spec
             key = (canonical_spec(spec), tuple(n for n, _ in chosen))
             name = self.contractions.get(key)  # the same product, computed before: shared
@@ -216,7 +209,34 @@ class _Lowerer:
                 self.function.statements.append(ir.Contract(name, spec, key[1]))
                 self.contractions[key] = name
             pending.append((name, result_spec))
-        return pending[0][0]
+            if len(pending) == 1:
+                return name
+
+    @staticmethod
+    def _result_spec(chosen: list[tuple[str, str]], pending: list[tuple[str, str]],
+                     out: str) -> str:
+        if not pending:
+            return out
+        later = set(out) | {c for _, s in pending for c in s}
+        return "".join(dict.fromkeys(c for _, s in chosen for c in s if c in later))
+
+    def _next_step(self, pending: list[tuple[str, str]], out: str, sizes: dict[str, int]
+                   ) -> tuple[tuple[int, ...], str | None]:
+        """The operands to contract next, and the name of the product when this function
+        has it already: reusing one wins when the rest then costs no more flops than the
+        cheapest order from scratch."""
+        if len(pending) <= 2:
+            return tuple(range(len(pending))), None
+        path, cost = _order(pending, out, sizes)
+        for pair in itertools.permutations(range(len(pending)), 2):
+            chosen = [pending[k] for k in pair]
+            rest = [p for k, p in enumerate(pending) if k not in pair]
+            result_spec = self._result_spec(chosen, rest, out)
+            spec = ",".join(s for _, s in chosen) + "->" + result_spec
+            name = self.contractions.get((canonical_spec(spec), tuple(n for n, _ in chosen)))
+            if name is not None and _order([*rest, (name, result_spec)], out, sizes)[1] <= cost:
+                return pair, name
+        return path[0], None
 
     def _dims_of(self, name: str, spec: str) -> list[sp.Symbol]:
         tensor = self.graph.tensors.get(name)
@@ -231,18 +251,27 @@ class _Lowerer:
 MEMORY_FACTOR = 16
 
 
+def _order(pending: list[tuple[str, str]], out: str, sizes: dict[str, int]
+           ) -> tuple[list[tuple], int]:
+    """:func:`_path` for named operands, ``sizes`` the nominal size of each letter."""
+    specs = [s for _, s in pending]
+    return _path(",".join(specs) + "->" + out,
+                 tuple(tuple(sizes[c] for c in s) for s in specs), tuple(sizes[c] for c in out))
+
+
 @functools.cache
 def _path(spec: str, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...]
-          ) -> list[tuple]:
+          ) -> tuple[list[tuple], int]:
     """opt_einsum's pairwise order of fewest flops (dynamic programming) among those whose
-    intermediates stay within :data:`MEMORY_FACTOR` times the largest operand or result:
-    an intermediate much larger than both costs memory traffic that flops do not count."""
+    intermediates stay within :data:`MEMORY_FACTOR` times the largest operand or result
+    (an intermediate much larger than both costs memory traffic that flops do not count),
+    and its flop count."""
     largest = max(math.prod(s) for s in [*shapes, tuple(out_shape)])
-    path, _ = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="dp",
-                                       memory_limit=MEMORY_FACTOR * largest)
+    path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="dp",
+                                          memory_limit=MEMORY_FACTOR * largest)
     if any(len(step) > 2 for step in path):  # the limit left no pairwise order
-        path, _ = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="auto-hq")
-    return path
+        path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="auto-hq")
+    return path, int(info.opt_cost)
 
 
 def canonical_spec(spec: str) -> str:

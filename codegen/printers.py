@@ -10,16 +10,18 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
-from . import ir
+from . import calls, ir
 
 #: Size symbols: scalars at run time (Python ints), printed with ``**``.
 SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v"}
 
 
 class ArrayPrinter(PythonCodePrinter):
-    """What numpy and torch code share; subclasses name the array module."""
+    """What numpy and torch code share; subclasses name the array module and its
+    spelling of axis arguments, permutations and transposes."""
 
     module = ""
+    axis_keyword = permute_method = ""
 
     # -- scalar expressions ---------------------------------------------------------
     def _call(self, function: str, expr: sp.Function) -> str:
@@ -61,33 +63,36 @@ class ArrayPrinter(PythonCodePrinter):
         return f"{node.result} = {self._print(body)}"
 
     def _print_Contract(self, node: ir.Contract) -> str:
-        product = self._broadcast_product(node)
-        if product is not None:
-            return f"{node.result} = {product}"
-        return f'{node.result} = {self.module}.einsum("{node.spec}", {", ".join(node.operands)})'
+        return f"{node.result} = {self.contraction(node.spec, node.operands)}"
 
-    @staticmethod
-    def _broadcast_product(node: ir.Contract) -> str | None:
-        """A product that sums nothing and scales one operand by the other, as
-        ``a * b[:, None]`` (cheaper than an einsum call for small arrays), when the axes
-        already come in the output's order. Outer products stay einsums: torch writes their
-        large results faster that way."""
-        inputs, out = node.spec.split("->")
-        specs = inputs.split(",")
-        if len(specs) != 2 or set(inputs) - {","} != set(out) or out not in specs:
-            return None
-        factors = []
-        for name, spec in zip(node.operands, specs):
-            if len(set(spec)) != len(spec) or [c for c in out if c in spec] != list(spec):
-                return None
-            if spec == out:
-                factors.append(name)
-                continue
-            first = min(out.index(c) for c in spec)  # leading missing axes broadcast anyway
-            index = ", ".join(":" if c in spec else "None" for c in out[first:])
-            factors.append(f"{name}[{index}]" if first == 0 or index.count("None")
-                           else f"{name}")
-        return " * ".join(factors)
+    def contraction(self, spec: str, x: tuple[str, ...]) -> str:
+        """The einsum ``spec`` of ``x`` as the direct call of :mod:`codegen.calls` that
+        computes it, or as an einsum."""
+        call = calls.classify(spec)
+        if isinstance(call, calls.Sum):
+            value = f"{x[0]}.sum({self.axis_keyword}={call.axes})"
+        elif isinstance(call, calls.Permute):
+            value = f"{x[0]}.{self.permute_method}{call.axes}"
+        elif isinstance(call, calls.Product):
+            value = " * ".join(name if index is None else
+                               f"{name}[{', '.join(':' if keep else 'None' for keep in index)}]"
+                               for name, index in zip(x, call.indexes))
+        elif isinstance(call, calls.ProductSum):
+            value = f"({x[0]} * {x[1]}).sum({self.axis_keyword}={call.axes})"
+        elif isinstance(call, calls.Matmul):
+            left, right = x[call.left], x[call.right]
+            value = (f"{self.transposed(left) if call.transpose_left else left} @ "
+                     f"{self.transposed(right) if call.transpose_right else right}")
+        else:
+            value = self.einsum(spec, x)
+        return value
+
+    def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
+        return f'{self.module}.einsum("{spec}", {", ".join(operands)})'
+
+    def transposed(self, name: str) -> str:
+        """``name`` with its last two axes swapped (a view)."""
+        raise NotImplementedError
 
     def _print_Zeros(self, node: ir.Zeros) -> str:
         shape = ", ".join(self._print(s) for s in node.shape)
@@ -107,7 +112,7 @@ class ArrayPrinter(PythonCodePrinter):
         for part in node.parts:
             value = part.value
             if part.permute is not None:
-                value = f'{self.module}.einsum("{part.permute}", {value})'
+                value = self.contraction(part.permute, (value,))
             terms.append(self._scaled(value, part.coeff))
         return f"{node.result} = " + " + ".join(terms).replace("+ -", "- ")
 
@@ -121,8 +126,19 @@ class ArrayPrinter(PythonCodePrinter):
         value = node.value
         if value is not None and node.broadcast is not None:
             value = f"{value}[{', '.join(':' if keep else 'None' for keep in node.broadcast)}]"
-        target = node.target if node.tie is None else f"{self.tied(node.target, node.tie)}[...]"
-        return f"{target} += {self._scaled(value, node.coeff)}"
+        target = node.target if node.tie is None else self.tied(node.target, node.tie)
+        if value is not None and node.coeff == -1:
+            return f"{self.in_place(target, node.tie)} -= {value}"
+        return self.add_scaled(target, node.tie, value, node.coeff)
+
+    def in_place(self, target: str, tie: str | None) -> str:
+        """``target`` as the left side of an in-place operator (a tied view needs ``[...]``)."""
+        return target if tie is None else f"{target}[...]"
+
+    def add_scaled(self, target: str, tie: str | None, value: str | None,
+                   coeff: sp.Expr) -> str:
+        """``target += coeff * value`` in place."""
+        return f"{self.in_place(target, tie)} += {self._scaled(value, coeff)}"
 
     def _print_CausalBias(self, node: ir.CausalBias) -> str:
         return f"{node.result} = _causal_bias(ns, {self._print(node.size)})"
@@ -163,12 +179,15 @@ class NumpyPrinter(ArrayPrinter):
         arg = self._print(expr.args[0])
         return f"({arg} > 0).astype({arg}.dtype)"
 
-    def _print_Contract(self, node: ir.Contract) -> str:
+    axis_keyword, permute_method = "axis", "transpose"
+
+    def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
         # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
-        if len(node.operands) < 2 or self._broadcast_product(node) is not None:
-            return super()._print_Contract(node)
-        return (f'{node.result} = np.einsum("{node.spec}", {", ".join(node.operands)}, '
-                "optimize=True)")
+        optimize = ", optimize=True" if len(operands) > 1 else ""
+        return f'np.einsum("{spec}", {", ".join(operands)}{optimize})'
+
+    def transposed(self, name: str) -> str:
+        return f"np.swapaxes({name}, -1, -2)"
 
     def _print_RowMax(self, node: ir.RowMax) -> str:
         return f"{node.result} = {node.source}.max(axis=-1)"
@@ -180,6 +199,17 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     module = "torch"
+    axis_keyword, permute_method = "dim", "permute"
+
+    def transposed(self, name: str) -> str:
+        return f"{name}.mT"
+
+    def add_scaled(self, target: str, tie: str | None, value: str | None,
+                   coeff: sp.Expr) -> str:
+        if value is None or coeff == 1:
+            return super().add_scaled(target, tie, value, coeff)
+        # one fused kernel instead of a scaled temporary and an addition
+        return f"{target}.add_({value}, alpha={self._print(coeff)})"
 
     def _print_Max(self, expr: sp.Max) -> str:
         arg, floor = (a for a in expr.args if a != 0), 0
