@@ -21,7 +21,8 @@ class Sum:
 
 @dataclass(frozen=True)
 class Permute:
-    """``x`` with its axes in the order ``axes`` (a view)."""
+    """``x`` with its axes in the order ``axes``, copied into that order (a view would
+    make every array computed from it follow its strides, and a reshape of those copy)."""
 
     axes: tuple[int, ...]
 

@@ -20,29 +20,36 @@ class Elementwise:
 
 @dataclass(frozen=True)
 class Contract:
-    """``result = einsum(spec, *operands)`` (two operands at most: a computed order)."""
+    """``result = einsum(spec, *operands)`` (two operands at most: a computed order);
+    ``row_major``: the result is laid out row-major (a node: arrays computed from it
+    follow its layout, and reshapes of a transposed layout copy)."""
 
     result: str
     spec: str
     operands: tuple[str, ...]
+    row_major: bool = False
 
 
 @dataclass(frozen=True)
 class Part:
     """One summand of :class:`Combine`: ``coeff * value``, its axes first reordered by
-    ``permute`` (an einsum spec such as ``"abc->acb"``) when given."""
+    ``permute`` (an einsum spec such as ``"abc->acb"``) when given; ``broadcast`` marks
+    with None the axes that ``value`` lacks (None: it has them all)."""
 
     coeff: sp.Expr
     value: str
     permute: str | None = None
+    broadcast: tuple[bool, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Combine:
-    """``result = Σ parts`` (a fresh array)."""
+    """``result = Σ parts`` (a fresh array; the first part has every axis), row-major
+    when ``row_major``."""
 
     result: str
     parts: tuple[Part, ...]
+    row_major: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,13 @@ class Zeros:
 
 @dataclass(frozen=True)
 class Assign:
-    """``result = coeff * value`` (``value`` None: the constant ``coeff``)."""
+    """``result = coeff * value`` (``value`` None: the constant ``coeff``), row-major
+    when ``row_major``."""
 
     result: str
     value: str | None
     coeff: sp.Expr
+    row_major: bool = False
 
 
 @dataclass(frozen=True)

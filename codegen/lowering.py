@@ -10,6 +10,7 @@ identity matrix. Elementwise functions are evaluated once per function and share
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -102,6 +103,18 @@ class _Lowerer:
         return coeff
 
     def assign(self, assign: Assign) -> None:
+        """Lower one assignment; the statements that make its node lay it out row-major."""
+        start = len(self.function.statements)
+        self._lower(assign)
+        statements = self.function.statements
+        for position in range(start, len(statements)):
+            statement = statements[position]
+            makes_node = (isinstance(statement, (ir.Contract, ir.Combine, ir.Assign))
+                          and statement.result == assign.target.name)
+            if makes_node and getattr(statement, "value", True) is not None:
+                statements[position] = dataclasses.replace(statement, row_major=True)
+
+    def _lower(self, assign: Assign) -> None:
         target = assign.target
         self.current = target.name
         if assign.reduction == "causal":
@@ -122,11 +135,44 @@ class _Lowerer:
                     ir.Assign(target.name, value, self.coefficient(coeff)))
             return
         self.dims |= set(shape)
-        self.function.statements.append(ir.Zeros(target.name, shape))
+        # the first full product makes the array (a fresh one: a single factor could be
+        # a view of another array), so there are no zeros to add to
+        first = next((t for t in terms if len(t.data_factors) > 1 and self._direct(assign, t)),
+                     None)
+        if first is not None:
+            value, coeff, _ = self.term(assign, first, result=target.name)
+            if value != target.name and coeff == 1:  # a shared product: add it to zeros
+                self.function.statements.append(ir.Zeros(target.name, shape))
+                self.function.statements.append(
+                    ir.Accumulate(target.name, None, value, sp.Integer(1), None))
+            elif value != target.name or coeff != 1:
+                self.function.statements.append(
+                    ir.Assign(target.name, value, self.coefficient(coeff)))
+            terms = [t for t in terms if t is not first]
+        elif self._combine(assign):
+            return
+        else:
+            self.function.statements.append(ir.Zeros(target.name, shape))
         for term in terms:
             value, coeff, (tie, broadcast) = self.term(assign, term)
             self.function.statements.append(
                 ir.Accumulate(target.name, tie, value, self.coefficient(coeff), broadcast))
+
+    def _combine(self, assign: Assign) -> bool:
+        """Lower a sum of single arrays (some broadcast, none on a diagonal) as one
+        :class:`ir.Combine`, when one of them has every axis; False if not."""
+        terms = assign.expr.terms
+        if any(t.deltas or len(t.data_factors) != 1 for t in terms):
+            return False
+        lowered = [(self.term(assign, t), self._direct(assign, t)) for t in terms]
+        if any(tie is not None for (_, _, (tie, _)), _ in lowered) or not any(
+                full for _, full in lowered):
+            return False
+        parts = [ir.Part(self.coefficient(coeff), value, None, broadcast)
+                 for (value, coeff, (_, broadcast)), full in
+                 sorted(lowered, key=lambda item: not item[1])]
+        self.function.statements.append(ir.Combine(assign.target.name, tuple(parts)))
+        return True
 
     def _direct(self, assign: Assign, term: Term) -> bool:
         present = {i for f in term.data_factors for i in f.indices}

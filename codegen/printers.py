@@ -17,11 +17,11 @@ SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v"}
 
 
 class ArrayPrinter(PythonCodePrinter):
-    """What numpy and torch code share; subclasses name the array module and its
-    spelling of axis arguments, permutations and transposes."""
+    """What numpy and torch code share; subclasses name the array module and spell its
+    axis arguments, permutations and transposes."""
 
     module = ""
-    axis_keyword = permute_method = ""
+    axis_keyword = ""
 
     # -- scalar expressions ---------------------------------------------------------
     def _call(self, function: str, expr: sp.Function) -> str:
@@ -63,7 +63,10 @@ class ArrayPrinter(PythonCodePrinter):
         return f"{node.result} = {self._print(body)}"
 
     def _print_Contract(self, node: ir.Contract) -> str:
-        return f"{node.result} = {self.contraction(node.spec, node.operands)}"
+        value = self.contraction(node.spec, node.operands)
+        if node.row_major and not isinstance(calls.classify(node.spec), calls.Matmul):
+            value = self.row_major(value)  # a matmul's result is row-major already
+        return f"{node.result} = {value}"
 
     def contraction(self, spec: str, x: tuple[str, ...]) -> str:
         """The einsum ``spec`` of ``x`` as the direct call of :mod:`codegen.calls` that
@@ -72,10 +75,9 @@ class ArrayPrinter(PythonCodePrinter):
         if isinstance(call, calls.Sum):
             value = f"{x[0]}.sum({self.axis_keyword}={call.axes})"
         elif isinstance(call, calls.Permute):
-            value = f"{x[0]}.{self.permute_method}{call.axes}"
+            value = self.permuted(x[0], call.axes)
         elif isinstance(call, calls.Product):
-            value = " * ".join(name if index is None else
-                               f"{name}[{', '.join(':' if keep else 'None' for keep in index)}]"
+            value = " * ".join(name if index is None else self.broadcast(name, index)
                                for name, index in zip(x, call.indexes))
         elif isinstance(call, calls.ProductSum):
             value = f"({x[0]} * {x[1]}).sum({self.axis_keyword}={call.axes})"
@@ -90,8 +92,21 @@ class ArrayPrinter(PythonCodePrinter):
     def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
         return f'{self.module}.einsum("{spec}", {", ".join(operands)})'
 
+    @staticmethod
+    def broadcast(name: str, keep: tuple[bool, ...]) -> str:
+        """``name`` indexed with a new axis (None) wherever ``keep`` is False."""
+        return f"{name}[{', '.join(':' if k else 'None' for k in keep)}]"
+
     def transposed(self, name: str) -> str:
         """``name`` with its last two axes swapped (a view)."""
+        raise NotImplementedError
+
+    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
+        """A copy of ``name`` with its axes in the order ``axes``, row-major."""
+        raise NotImplementedError
+
+    def row_major(self, value: str) -> str:
+        """``value`` laid out row-major (itself when it is already)."""
         raise NotImplementedError
 
     def _print_Zeros(self, node: ir.Zeros) -> str:
@@ -113,19 +128,23 @@ class ArrayPrinter(PythonCodePrinter):
             value = part.value
             if part.permute is not None:
                 value = self.contraction(part.permute, (value,))
+            if part.broadcast is not None:
+                value = self.broadcast(value, part.broadcast)
             terms.append(self._scaled(value, part.coeff))
-        return f"{node.result} = " + " + ".join(terms).replace("+ -", "- ")
+        value = " + ".join(terms).replace("+ -", "- ")
+        return f"{node.result} = {self.row_major(value) if node.row_major else value}"
 
     def _print_Free(self, node: ir.Free) -> str:
         return f"del {', '.join(node.names)}"
 
     def _print_Assign(self, node: ir.Assign) -> str:
-        return f"{node.result} = {self._scaled(node.value, node.coeff)}"
+        value = self._scaled(node.value, node.coeff)
+        return f"{node.result} = {self.row_major(value) if node.row_major else value}"
 
     def _print_Accumulate(self, node: ir.Accumulate) -> str:
         value = node.value
         if value is not None and node.broadcast is not None:
-            value = f"{value}[{', '.join(':' if keep else 'None' for keep in node.broadcast)}]"
+            value = self.broadcast(value, node.broadcast)
         target = node.target if node.tie is None else self.tied(node.target, node.tie)
         if value is not None and node.coeff == -1:
             return f"{self.in_place(target, node.tie)} -= {value}"
@@ -179,7 +198,7 @@ class NumpyPrinter(ArrayPrinter):
         arg = self._print(expr.args[0])
         return f"({arg} > 0).astype({arg}.dtype)"
 
-    axis_keyword, permute_method = "axis", "transpose"
+    axis_keyword = "axis"
 
     def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
         # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
@@ -188,6 +207,12 @@ class NumpyPrinter(ArrayPrinter):
 
     def transposed(self, name: str) -> str:
         return f"np.swapaxes({name}, -1, -2)"
+
+    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
+        return self.row_major(f"{name}.transpose{axes}")
+
+    def row_major(self, value: str) -> str:
+        return f"np.ascontiguousarray({value})"
 
     def _print_RowMax(self, node: ir.RowMax) -> str:
         return f"{node.result} = {node.source}.max(axis=-1)"
@@ -199,10 +224,17 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     module = "torch"
-    axis_keyword, permute_method = "dim", "permute"
+    axis_keyword = "dim"
 
     def transposed(self, name: str) -> str:
         return f"{name}.mT"
+
+    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
+        return self.row_major(f"{name}.permute{axes}")
+
+    def row_major(self, value: str) -> str:
+        simple = " " not in value or value.startswith("torch.einsum(")
+        return f"{value}.contiguous()" if simple else f"({value}).contiguous()"
 
     def add_scaled(self, target: str, tie: str | None, value: str | None,
                    coeff: sp.Expr) -> str:
