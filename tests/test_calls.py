@@ -1,0 +1,64 @@
+"""The direct array calls printed for einsums compute what the einsum computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from curvgap.codegen import calls
+from curvgap.codegen.ir import Contract
+from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
+
+SIZES = {"b": 3, "a": 4, "c": 5, "d": 2, "e": 6, "f": 7, "g": 8}
+
+# (spec, the kind of call expected; None: stays an einsum)
+CASES = [
+    ("bac->ba", calls.Sum),
+    ("bacd->bd", calls.Sum),
+    ("bad->bda", calls.Permute),
+    ("ca->ac", calls.Permute),
+    ("bac,bac->ba", calls.ProductSum),
+    ("bacd,bacd->bc", calls.ProductSum),
+    ("bac,ba->bac", calls.Product),
+    ("bad,bae->bade", calls.Product),
+    ("bad,bace->bacde", calls.Product),
+    ("ce,ba->ceba", calls.Product),
+    ("bad,dc->bac", calls.Matmul),       # (B, L, d) @ (d, c): broadcast over b
+    ("dc,bad->bac", calls.Matmul),       # the same with the operands swapped
+    ("bad,bcd->bac", calls.Matmul),      # right operand transposed
+    ("bda,bdc->bac", calls.Matmul),      # left operand transposed
+    ("ec,baed->bacd", calls.Matmul),     # a matrix against a batch of matrices
+    ("bcd,bad->bac", calls.Matmul),
+    ("bae,bad->baed", calls.Product),
+    ("bfda,bfec->acde", None),           # two summed indices: an einsum
+    ("bfgc,bfg->bfc", None),             # matrix-vector with a shared row index
+    ("bac,bcda->bacd", None),            # the summed-free index c kept: not a matmul
+    ("bad,bae->bead", None),             # an outer product with axes out of order
+    ("baa->ba", None),                   # a diagonal
+]
+
+
+@pytest.mark.parametrize("spec, kind", CASES)
+def test_call_kind(spec, kind):
+    call = calls.classify(spec)
+    assert (call is None) if kind is None else isinstance(call, kind)
+
+
+@pytest.mark.parametrize("spec, kind", CASES)
+def test_printed_call_equals_einsum(spec, kind):
+    rng = np.random.default_rng(0)
+    inputs = spec.split("->")[0].split(",")
+    arrays = [rng.standard_normal([SIZES[c] for c in s]) for s in inputs]
+    names = tuple(f"x{k}" for k in range(len(arrays)))
+    expected = np.einsum(spec, *arrays)
+    for printer, wrap in ((NumpyPrinter(), np.asarray), (TorchPrinter(), torch.from_numpy)):
+        for row_major in (False, True):
+            line = printer.statement(Contract("out", spec, names, row_major))
+            scope = {"np": np, "torch": torch, **{n: wrap(a) for n, a in zip(names, arrays)}}
+            exec(line, scope)  # noqa: S102 - a generated line of our own printer
+            result = np.asarray(scope["out"])
+            np.testing.assert_allclose(result, expected, rtol=1e-14, atol=1e-14)
+            assert result.shape == expected.shape
+            if row_major or kind is calls.Permute:
+                assert result.flags["C_CONTIGUOUS"], line
