@@ -89,6 +89,14 @@ class Routes:
             return reference_output(self.config, p, x)
         return lambda: vmap(transform(sample), in_dims=(None, 0))(self.params, self.X)
 
+    def write_floor(self) -> Callable:
+        """What any route to the Jacobians pays at least: allocating arrays of their size
+        and writing every entry once (fresh memory costs a page fault per 4 KiB)."""
+        with torch.no_grad():
+            n = self.model(self.X[:1]).numel()
+        shapes = [(self.X.shape[0], n, self.params[k].numel()) for k in self.names]
+        return lambda: [torch.empty(shape, dtype=self.X.dtype).fill_(0.0) for shape in shapes]
+
     def _split(self) -> dict:
         sizes = [self.params[k].numel() for k in self.names]
         return {k: part.reshape(self.params[k].shape)
