@@ -126,7 +126,7 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
     headline, batch = (({"L": 4, "d": 4, "d_k": 4, "d_ff": 8}, 4) if quick
                        else (HEADLINE, 32))
     report(f"curvgap bench: {config_name}, {'quick' if quick else 'full'} run, "
-           f"median of {repeats} after a warm-up")
+           f"median of at least {repeats} runs after a warm-up")
     report(f"  machine: {machine()}")
     for dtype in (torch.float64, torch.float32):
         label = {**headline, "B": batch, "dtype": str(dtype).removeprefix("torch.")}

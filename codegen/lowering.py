@@ -5,7 +5,11 @@ contraction order is computed by opt_einsum (at the nominal sizes of DESIGN.md Â
 emitted as a chain of pairwise einsums, so the generated code needs no optimiser of its
 own. Deltas left between free indices select a diagonal of the output (an index
 broadcast), and free indices that a term does not carry are broadcast; neither builds an
-identity matrix. Elementwise functions are evaluated once per function and shared.
+identity matrix. Elementwise functions are evaluated once per function and shared, and so
+is every pairwise product: the contraction order counts a product the function already
+has as free. A node is made by its first full product (or as one sum of arrays) and then
+accumulated into, and is laid out row-major. After lowering, terms that share an operand
+are combined (distributivity) and temporaries are freed after their last use.
 """
 
 from __future__ import annotations
