@@ -153,7 +153,8 @@ def render(der: Derivation, backend: Backend) -> str:
                       else [str(s) for s in der.target.shape]),
         variables=[v.name for v in der.variables],
         jacobian=der.jacobian, output_hessian=der.output_hessian,
-        loss_hessian=der.loss_hessian, hvp=der.hvp, directions=der.directions,
+        loss_hessian=der.loss_hessian,
+        loss_hessian_full=der.loss_hessian_full, hvp=der.hvp, directions=der.directions,
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)
     body = env.get_template(backend.template).render(**context).lstrip("\n")

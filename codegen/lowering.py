@@ -139,24 +139,12 @@ class _Lowerer:
                     ir.Assign(target.name, value, self.coefficient(coeff)))
             return
         self.dims |= set(shape)
-        # the first full product makes the array (a fresh one: a single factor could be
-        # a view of another array), so there are no zeros to add to
-        first = next((t for t in terms if len(t.data_factors) > 1 and self._direct(assign, t)),
-                     None)
-        if first is not None:
-            value, coeff, _ = self.term(assign, first, result=target.name)
-            if value != target.name and coeff == 1:  # a shared product: add it to zeros
-                self.function.statements.append(ir.Zeros(target.name, shape))
-                self.function.statements.append(
-                    ir.Accumulate(target.name, None, value, sp.Integer(1), None))
-            elif value != target.name or coeff != 1:
-                self.function.statements.append(
-                    ir.Assign(target.name, value, self.coefficient(coeff)))
-            terms = [t for t in terms if t is not first]
-        elif self._combine(assign):
+        if self._combine(assign):
             return
-        else:
-            self.function.statements.append(ir.Zeros(target.name, shape))
+        # a full product first: it can then make the array (see make_arrays_from_products)
+        terms = sorted(terms, key=lambda t: not (len(t.data_factors) > 1
+                                                 and self._direct(assign, t)))
+        self.function.statements.append(ir.Zeros(target.name, shape))
         for term in terms:
             value, coeff, (tie, broadcast) = self.term(assign, term)
             self.function.statements.append(
@@ -166,7 +154,7 @@ class _Lowerer:
         """Lower a sum of single arrays (some broadcast, none on a diagonal) as one
         :class:`ir.Combine`, when one of them has every axis; False if not."""
         terms = assign.expr.terms
-        if any(t.deltas or len(t.data_factors) != 1 for t in terms):
+        if len(terms) < 2 or any(t.deltas or len(t.data_factors) != 1 for t in terms):
             return False
         lowered = [(self.term(assign, t), self._direct(assign, t)) for t in terms]
         if any(tie is not None for (_, _, (tie, _)), _ in lowered) or not any(
@@ -181,8 +169,9 @@ class _Lowerer:
     def _direct(self, assign: Assign, term: Term) -> bool:
         present = {i for f in term.data_factors for i in f.indices}
         value_batched = self.graph.term_is_batched(term)
+        # a batched value summed into an unbatched target (a batch mean) is full too
         return (not term.deltas and set(assign.target.indices) <= present
-                and value_batched == assign.target.batched)
+                and (value_batched == assign.target.batched or not assign.target.batched))
 
     def term(self, assign: Assign, term: Term, result: str | None = None):
         """Lower one term: the value's name (None for a constant), its coefficient, and how
@@ -419,6 +408,40 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
     return out
 
 
+def make_arrays_from_products(statements: list) -> list:
+    """A node's zeros followed by a first accumulation of a full product (a fresh array
+    that nothing else reads) become that product, stored row-major: no zeros to add to."""
+    contracts = {s.result: position for position, s in enumerate(statements)
+                 if isinstance(s, ir.Contract)}
+    uses: dict[str, int] = {}
+    for statement in statements:
+        for name in _reads(statement):
+            uses[name] = uses.get(name, 0) + 1
+    out = list(statements)
+    zeros: dict[str, int] = {}
+    for position, statement in enumerate(statements):
+        if isinstance(statement, ir.Zeros):
+            zeros[statement.result] = position
+            continue
+        if not isinstance(statement, ir.Accumulate) or statement.target not in zeros:
+            continue
+        start = zeros.pop(statement.target)
+        source = contracts.get(statement.value)
+        if source is None or statement.tie or statement.broadcast or uses[statement.value] > 1:
+            continue
+        contract = statements[source]
+        if (len(contract.operands) != 2
+                or len(contract.spec.split("->")[1]) != len(statements[start].shape)):
+            continue
+        out[start] = out[position] = None
+        if statement.coeff == 1:
+            out[source] = dataclasses.replace(contract, result=statement.target, row_major=True)
+        else:
+            out[position] = ir.Assign(statement.target, contract.result, statement.coeff,
+                                      row_major=True)
+    return [statement for statement in out if statement is not None]
+
+
 def free_temporaries(statements: list, keep: set[str]) -> list:
     """``statements`` with each temporary (not in ``keep``) deleted after its last use."""
     last: dict[str, int] = {}
@@ -460,8 +483,9 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
-        function.statements = free_temporaries(
-            factor_shared_operands(function.statements, lowerer.temp), set(written))
+        statements = factor_shared_operands(function.statements, lowerer.temp)
+        function.statements = free_temporaries(make_arrays_from_products(statements),
+                                               set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)

@@ -75,7 +75,7 @@ class ArrayPrinter(PythonCodePrinter):
         if isinstance(call, calls.Sum):
             value = f"{x[0]}.sum({self.axis_keyword}={call.axes})"
         elif isinstance(call, calls.Permute):
-            value = self.permuted(x[0], call.axes)
+            value = self.permuted(x[0], call.axes, copy=True)
         elif isinstance(call, calls.Product):
             value = " * ".join(name if index is None else self.broadcast(name, index)
                                for name, index in zip(x, call.indexes))
@@ -101,8 +101,8 @@ class ArrayPrinter(PythonCodePrinter):
         """``name`` with its last two axes swapped (a view)."""
         raise NotImplementedError
 
-    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
-        """A copy of ``name`` with its axes in the order ``axes``, row-major."""
+    def permuted(self, name: str, axes: tuple[int, ...], copy: bool) -> str:
+        """``name`` with its axes in the order ``axes``: a row-major copy, or a view."""
         raise NotImplementedError
 
     def row_major(self, value: str) -> str:
@@ -126,8 +126,8 @@ class ArrayPrinter(PythonCodePrinter):
         terms = []
         for part in node.parts:
             value = part.value
-            if part.permute is not None:
-                value = self.contraction(part.permute, (value,))
+            if part.permute is not None:  # a view: the sum is a fresh array anyway
+                value = self.permuted(value, calls.classify(part.permute).axes, copy=False)
             if part.broadcast is not None:
                 value = self.broadcast(value, part.broadcast)
             terms.append(self._scaled(value, part.coeff))
@@ -208,8 +208,9 @@ class NumpyPrinter(ArrayPrinter):
     def transposed(self, name: str) -> str:
         return f"np.swapaxes({name}, -1, -2)"
 
-    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
-        return self.row_major(f"{name}.transpose{axes}")
+    def permuted(self, name: str, axes: tuple[int, ...], copy: bool) -> str:
+        view = f"{name}.transpose{axes}"
+        return self.row_major(view) if copy else view
 
     def row_major(self, value: str) -> str:
         return f"np.ascontiguousarray({value})"
@@ -229,8 +230,9 @@ class TorchPrinter(ArrayPrinter):
     def transposed(self, name: str) -> str:
         return f"{name}.mT"
 
-    def permuted(self, name: str, axes: tuple[int, ...]) -> str:
-        return self.row_major(f"{name}.permute{axes}")
+    def permuted(self, name: str, axes: tuple[int, ...], copy: bool) -> str:
+        view = f"{name}.permute{axes}"
+        return self.row_major(view) if copy else view
 
     def row_major(self, value: str) -> str:
         simple = " " not in value or value.startswith("torch.einsum(")

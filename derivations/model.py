@@ -12,6 +12,7 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``adjoints``                ``∂ell/∂node`` for every node (reverse mode);
 ``loss_hessian_V_W``        Gauss–Newton and functional parts of the loss Hessian block
                             ``(*shape(V), *shape(W))``: the second-order adjoint method;
+``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
@@ -56,6 +57,7 @@ class Derivation:
     jacobian: dict[str, str] = field(default_factory=dict)
     output_hessian: dict[tuple[str, str], str] = field(default_factory=dict)
     loss_hessian: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    loss_hessian_full: dict[tuple[str, str], str] = field(default_factory=dict)
     hvp: dict[str, str] = field(default_factory=dict)
     directions: dict[str, str] = field(default_factory=dict)
     external_shapes: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -197,12 +199,22 @@ def derive(config: Config) -> Derivation:
         mean = first is not X
         der.group_directions[f"loss_hessian_{v}_{w}"] = (
             tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
+        blocks = {}
         with der.add_group(f"loss_hessian_{v}_{w}", requires):
             for part, assigns in (("gauss_newton", loss), ("functional", forward)):
-                block = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],
-                                                     tangents[w], renamed)
+                blocks[part] = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],
+                                                            tangents[w], renamed)
                 der.loss_hessian[v, w, part] = g.output(
-                    f"{part}_{v}_{w}", block, mean_over_batch=mean).name
+                    f"{part}_{v}_{w}", blocks[part], mean_over_batch=mean).name
+        # the whole block as one node too: its terms then share their products (one
+        # contraction where the two parts each had their own)
+        der.group_directions[f"loss_hessian_full_{v}_{w}"] = (
+            der.group_directions[f"loss_hessian_{v}_{w}"])
+        with der.add_group(f"loss_hessian_full_{v}_{w}", requires):
+            gauss_newton = blocks["gauss_newton"]
+            whole = (gauss_newton + blocks["functional"]).with_free(gauss_newton.free)
+            der.loss_hessian_full[v, w] = g.output(f"full_{v}_{w}", whole,
+                                                   mean_over_batch=mean).name
 
     program = forward + loss + adjoint_assigns
     for label, variables in (("params", der.params), ("X", [X])):
