@@ -107,18 +107,6 @@ class _Lowerer:
         return coeff
 
     def assign(self, assign: Assign) -> None:
-        """Lower one assignment; the statements that make its node lay it out row-major."""
-        start = len(self.function.statements)
-        self._lower(assign)
-        statements = self.function.statements
-        for position in range(start, len(statements)):
-            statement = statements[position]
-            makes_node = (isinstance(statement, (ir.Contract, ir.Combine, ir.Assign))
-                          and statement.result == assign.target.name)
-            if makes_node and getattr(statement, "value", True) is not None:
-                statements[position] = dataclasses.replace(statement, row_major=True)
-
-    def _lower(self, assign: Assign) -> None:
         target = assign.target
         self.current = target.name
         if assign.reduction == "causal":
@@ -410,7 +398,7 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
 
 def make_arrays_from_products(statements: list) -> list:
     """A node's zeros followed by a first accumulation of a full product (a fresh array
-    that nothing else reads) become that product, stored row-major: no zeros to add to."""
+    that nothing else reads) become that product: no zeros to add to."""
     contracts = {s.result: position for position, s in enumerate(statements)
                  if isinstance(s, ir.Contract)}
     uses: dict[str, int] = {}
@@ -435,11 +423,19 @@ def make_arrays_from_products(statements: list) -> list:
             continue
         out[start] = out[position] = None
         if statement.coeff == 1:
-            out[source] = dataclasses.replace(contract, result=statement.target, row_major=True)
+            out[source] = dataclasses.replace(contract, result=statement.target)
         else:
-            out[position] = ir.Assign(statement.target, contract.result, statement.coeff,
-                                      row_major=True)
+            out[position] = ir.Assign(statement.target, contract.result, statement.coeff)
     return [statement for statement in out if statement is not None]
+
+
+def lay_out_nodes_row_major(statements: list, nodes: set[str]) -> list:
+    """The statements that make a node (not a constant) mark it row-major: arrays computed
+    from a transposed node follow its strides, and reshapes of it copy."""
+    def makes_node(statement) -> bool:
+        return (isinstance(statement, (ir.Contract, ir.Combine, ir.Assign))
+                and statement.result in nodes and getattr(statement, "value", "") is not None)
+    return [dataclasses.replace(s, row_major=True) if makes_node(s) else s for s in statements]
 
 
 def free_temporaries(statements: list, keep: set[str]) -> list:
@@ -483,9 +479,10 @@ def lower(der: Derivation) -> list[Function]:
             if guard is not None:
                 function.statements.append(
                     ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
-        statements = factor_shared_operands(function.statements, lowerer.temp)
-        function.statements = free_temporaries(make_arrays_from_products(statements),
-                                               set(written))
+        statements = make_arrays_from_products(
+            factor_shared_operands(function.statements, lowerer.temp))
+        function.statements = free_temporaries(
+            lay_out_nodes_row_major(statements, set(written)), set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
         function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)

@@ -63,15 +63,15 @@ class ArrayPrinter(PythonCodePrinter):
         return f"{node.result} = {self._print(body)}"
 
     def _print_Contract(self, node: ir.Contract) -> str:
-        value = self.contraction(node.spec, node.operands)
-        if node.row_major and not isinstance(calls.classify(node.spec), calls.Matmul):
+        call = calls.classify(node.spec)
+        value = self.contraction(call, node.spec, node.operands)
+        if node.row_major and not isinstance(call, calls.Matmul):
             value = self.row_major(value)  # a matmul's result is row-major already
         return f"{node.result} = {value}"
 
-    def contraction(self, spec: str, x: tuple[str, ...]) -> str:
-        """The einsum ``spec`` of ``x`` as the direct call of :mod:`codegen.calls` that
-        computes it, or as an einsum."""
-        call = calls.classify(spec)
+    def contraction(self, call: calls.Call | None, spec: str, x: tuple[str, ...]) -> str:
+        """The einsum ``spec`` of ``x`` as ``call``, the direct call of :mod:`codegen.calls`
+        that computes it, or (None) as an einsum."""
         if isinstance(call, calls.Sum):
             value = f"{x[0]}.sum({self.axis_keyword}={call.axes})"
         elif isinstance(call, calls.Permute):
