@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import torch
 
 from ..derivations import calculus, sizes
-from ..derivations.attention import softmax_rows
 from ..derivations.evaluate import evaluate
 from ..derivations.graph import Graph
+from ..derivations.softmax import softmax_rows
 from ..generated.torch import layernorm, paper_block, self_attention
 from .spectra import block_slices, hessian_norm, spectral_norm, symmetric_spectral_norm
 

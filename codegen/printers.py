@@ -113,14 +113,22 @@ class ArrayPrinter(PythonCodePrinter):
         shape = ", ".join(self._print(s) for s in node.shape)
         return f"{node.result} = _zeros(ns, ({shape}{',' if len(node.shape) == 1 else ''}))"
 
+    def coefficient(self, coeff: sp.Expr) -> str:
+        """``coeff`` as code; a negative one as the negation of its magnitude, so that
+        ``a·x − a·y`` scales both sides by the same float (``-1/sqrt(d_k)`` and
+        ``d_k**(-1/2)`` may differ in the last bit, which leaves ``x == y`` a residue)."""
+        if coeff.could_extract_minus_sign():
+            return f"-({self._print(-coeff)})"
+        return self._print(coeff)
+
     def _scaled(self, value: str | None, coeff: sp.Expr) -> str:
         if value is None:
-            return self._print(coeff)
+            return self.coefficient(coeff)
         if coeff == 1:
             return value
         if coeff == -1:
             return f"-{value}"
-        return f"({self._print(coeff)}) * {value}"
+        return f"({self.coefficient(coeff)}) * {value}"
 
     def _print_Combine(self, node: ir.Combine) -> str:
         terms = []
@@ -243,7 +251,7 @@ class TorchPrinter(ArrayPrinter):
         if value is None or coeff == 1:
             return super().add_scaled(target, tie, value, coeff)
         # one fused kernel instead of a scaled temporary and an addition
-        return f"{target}.add_({value}, alpha={self._print(coeff)})"
+        return f"{target}.add_({value}, alpha={self.coefficient(coeff)})"
 
     def _print_Max(self, expr: sp.Max) -> str:
         arg, floor = (a for a in expr.args if a != 0), 0

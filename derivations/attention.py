@@ -3,11 +3,9 @@
 ``Q = X W_Q``, ``K = X W_K``, ``V = X W_V``, ``T = Q K^T / sqrt(d_k)``,
 ``A = softmax_row(T)``, ``F = A V``.
 
-The row softmax is written as ``E = exp(T - m)``, ``s_i = Σ_j E_ij``, ``A_ij = E_ij / s_i``
-(nodes ``T_shift``, ``E``, ``E_sum``, ``A``) with ``m_i = max_j T_ij`` (``T_max``) a
-constant shift: it leaves ``A`` unchanged for every value, so it carries no derivative and
-only keeps ``exp`` from overflowing. Every derivative of the softmax then follows from
-``exp`` and ``1/s`` by the calculus.
+The row softmax is the primitive of :mod:`.softmax`: its value is
+``exp(T - max T) / Σ exp(T - max T)``, its derivatives are closed-form rules in centred
+form (stable when attention saturates).
 """
 
 from __future__ import annotations
@@ -17,8 +15,8 @@ from dataclasses import dataclass
 import sympy as sp
 
 from . import sizes
-from .functions import exp, power
 from .graph import Graph, Tensor
+from .softmax import softmax_rows
 
 
 @dataclass
@@ -28,22 +26,6 @@ class Attention:
     softmax: Tensor
     #: shapes users pass when they differ from the engine's (heads split out of a width)
     external_shapes: dict[str, tuple[str, ...]]
-
-
-def softmax_rows(g: Graph, T: Tensor, name: str = "A", prefix: str = "",
-                 causal: bool = False) -> Tensor:
-    """``name = softmax`` over the last axis of ``T`` (``... × L × L``); with ``causal``,
-    entries above the diagonal of the last two axes are set to ``-inf`` first."""
-    idx = tuple(g.index(dim, "i") for dim in T.shape)
-    rows = idx[:-1]
-    if causal:
-        bias = g.causal_bias(f"{prefix}T_mask", T.shape[-1])
-        T = g.node(f"{prefix}T_masked", idx, T[idx] + bias[idx[-2:]])
-    m = g.row_max(f"{prefix}T_max", T)
-    shifted = g.node(f"{prefix}T_shift", idx, T[idx] - m[rows])
-    E = g.node(f"{prefix}E", idx, shifted.apply(exp(), *idx))
-    s = g.node(f"{prefix}E_sum", rows, E[idx])
-    return g.node(name, idx, E[idx] * s.apply(power(-1, 0, "recip"), *rows))
 
 
 def self_attention(g: Graph, X: Tensor, heads: int = 1, causal: bool = False,

@@ -12,6 +12,11 @@ Everything here follows from two facts about index form:
   tangents (output Hessians) or with adjoints (loss Hessians: the second-order adjoint
   method, which never forms an output Hessian).
 
+A node may instead carry closed-form local rules (``Assign.rule``, a primitive such as the
+row softmax of :mod:`.softmax`): its tangents, second tangents, adjoints and loss-Hessian
+part are then the rule's, written so that no floating-point cancellation is left for the
+generated code to suffer.
+
 A :class:`Tangents` object is the set of tangents of many tensors in one direction; its
 ``indices`` are the direction's indices (the entries of the variable, or none for a
 Hessian-vector product).
@@ -34,6 +39,9 @@ class Tangents:
 
     indices: tuple[Index, ...]
     by_name: dict[str, Expr] = field(default_factory=dict)
+    #: rule nodes' centred tangents (``dS − ⟨A, dS⟩`` of a row softmax ``A`` of ``S``),
+    #: which their second-order rules reuse
+    centred: dict[str, Expr] = field(default_factory=dict)
 
 
 def instantiate(graph: Graph, expr: Expr, mapping: dict[Index, Index]) -> list[Term]:
@@ -155,10 +163,13 @@ def propagate(graph: Graph, assigns: list, tangents: Tangents, label: str) -> Ta
     """Forward-propagate ``tangents`` through ``assigns`` (in order); each non-zero tangent
     is bound as ``d<node>_<label>`` when it is not cheap to carry inline."""
     for assign in filter(differentiable, assigns):
-        tangent = differentiate(graph, assign.expr, tangents)
-        if not tangent.is_zero:
-            name = f"d{assign.target.name}_{label}"
-            with graph.sublayer(assign.sublayer):
+        with graph.sublayer(assign.sublayer):
+            if assign.rule is not None:
+                tangent = assign.rule.tangent(graph, assign.target, tangents, label)
+            else:
+                tangent = differentiate(graph, assign.expr, tangents)
+            if not tangent.is_zero:
+                name = f"d{assign.target.name}_{label}"
                 tangents.by_name[assign.target.name] = graph.bind(name, tangent)
     return tangents
 
@@ -170,12 +181,16 @@ def propagate_second(graph: Graph, assigns: list, first: Tangents, second: Tange
     first_map = {i: i for i in first.indices}
     both = Tangents(first.indices + tuple(second_map[i] for i in second.indices))
     for assign in filter(differentiable, assigns):
-        expr = differentiate(graph, assign.expr, both)
-        local = second_local(graph, assign.expr, first, second, first_map, second_map)
-        total = Expr(expr.terms + local.terms, expr.free).simplified()
-        if not total.is_zero:
-            name = f"d2{assign.target.name}_{label}"
-            with graph.sublayer(assign.sublayer):
+        with graph.sublayer(assign.sublayer):
+            if assign.rule is not None:
+                total = assign.rule.second(graph, assign.target, first, second, second_map,
+                                           both, label)
+            else:
+                expr = differentiate(graph, assign.expr, both)
+                local = second_local(graph, assign.expr, first, second, first_map, second_map)
+                total = Expr(expr.terms + local.terms, expr.free).simplified()
+            if not total.is_zero:
+                name = f"d2{assign.target.name}_{label}"
                 both.by_name[assign.target.name] = graph.bind(name, total)
     return both
 
@@ -194,6 +209,12 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
         if name not in adjoints:
             continue
         target = assign.target
+        if assign.rule is not None:
+            with graph.sublayer(assign.sublayer):
+                moved = assign.rule.adjoint(graph, target, adjoints[name])
+            for source, terms in moved.items():
+                pending.setdefault(source, []).extend(terms)
+            continue
         for term in assign.expr.terms:
             for k, factor in enumerate(term.factors):
                 if isinstance(factor, Delta):
@@ -226,10 +247,12 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
 
 
 def _bind_adjoint(graph: Graph, tensor: Tensor, terms: list[Term]) -> Expr:
+    """The adjoint of ``tensor`` as a named node ``g_<name>`` (a constant stays inline)."""
     expr = Expr(terms, tensor.indices).simplified()
+    constant = all(not t.data_factors for t in expr.terms)
     sublayer = next((a.sublayer for a in graph.assigns if a.target is tensor), "")
     with graph.sublayer(sublayer):
-        return graph.bind(f"g_{tensor.name}", expr, force=not expr.is_zero)
+        return graph.bind(f"g_{tensor.name}", expr, force=not constant)
 
 
 def hessian_by_adjoints(graph: Graph, assigns: list, adjoints: dict, first: Tangents,
@@ -241,6 +264,10 @@ def hessian_by_adjoints(graph: Graph, assigns: list, adjoints: dict, first: Tang
     terms: list[Term] = []
     for assign in filter(differentiable, assigns):
         if assign.target.name not in adjoints:
+            continue
+        if assign.rule is not None:
+            terms += assign.rule.hessian(graph, assign.target, adjoints, first, second,
+                                         second_map)
             continue
         local = second_local(graph, assign.expr, first, second, first_map, second_map)
         if local.is_zero:

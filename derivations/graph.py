@@ -62,11 +62,17 @@ class Assign:
     mean_over_batch: bool = False
     reduction: str | None = None
     sublayer: str = ""  # the part of the architecture it belongs to (for documents)
+    #: closed-form local derivative rules (a primitive such as the row softmax); the
+    #: calculus uses them instead of the product rule on ``expr``
+    rule: object | None = None
+    #: an intermediate of a primitive's forward value: its derivatives are the rule's
+    internal: bool = False
 
     @property
     def differentiable(self) -> bool:
-        """False for constants (a row maximum, a causal mask): no derivative is taken."""
-        return self.reduction is None
+        """False for constants (a row maximum, a causal mask) and for the intermediates of
+        a primitive: no derivative is taken of them."""
+        return self.reduction is None and not self.internal
 
 
 def delta(a: Index, b: Index) -> Expr:
@@ -123,11 +129,13 @@ class Graph:
               batched: bool = True) -> Tensor:
         return self.declare(name, tuple(self.index(d, "a") for d in dims), batched, role)
 
-    def node(self, name: str, indices: tuple[Index, ...], expr: Expr) -> Tensor:
-        """Declare ``name[indices] = expr`` and append it to the assignments."""
+    def node(self, name: str, indices: tuple[Index, ...], expr: Expr, rule: object = None,
+             internal: bool = False) -> Tensor:
+        """Declare ``name[indices] = expr`` and append it to the assignments; ``rule`` gives
+        its derivatives in closed form, ``internal`` marks an intermediate of a rule's node."""
         expr = expr.with_free(tuple(indices))
         tensor = self.declare(name, tuple(indices), self.is_batched(expr))
-        self._append(tensor, expr)
+        self._append(tensor, expr, rule=rule, internal=internal)
         return tensor
 
     def row_max(self, name: str, source: Tensor) -> Tensor:

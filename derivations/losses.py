@@ -2,8 +2,9 @@
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
 Cross-entropy: the rows of ``Z`` are logits over ``d`` classes and ``T`` is the one-hot
-target: ``ell = Σ_i (log Σ_j exp(Z_ij - m_i) + m_i - Σ_j T_ij Z_ij) / L`` with ``m_i`` the row
-maximum (a constant shift, as in the softmax).
+target: ``ell = Σ_i (lse_i - Σ_j T_ij Z_ij) / L`` with ``lse_i = log Σ_j exp(Z_ij)`` the row
+log-sum-exp primitive of :mod:`.softmax` (computed shifted by the row maximum; derivatives in
+centred form, stable for large logits).
 Residual losses registered with :func:`register_residual_loss`:
 ``ell = Σ_ij f(Z_ij - T_ij) / (L·d)`` for a SymPy expression ``f`` of the residual.
 """
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import sympy as sp
 
-from .functions import ScalarFn, exp, x
+from .functions import ScalarFn, x
 from .graph import Graph, Tensor
+from .softmax import log_sum_exp_rows
 
 #: The residual variable of user losses.
 r = sp.Symbol("r", real=True)
@@ -50,12 +52,8 @@ def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
         D = g.node("D", (i, j), Z[i, j] - target[i, j])
         return g.node("ell", (), (1 / (rows * width)) * D[i, j] * D[i, j])
     if loss == "cross_entropy":
-        m = g.row_max("ce_max", Z)
-        shifted = g.node("ce_shift", (i, j), Z[i, j] - m[i])
-        total = g.node("ce_sum", (i,), shifted.apply(exp(), i, j))
-        log = ScalarFn("log", sp.log(x))
-        return g.node("ell", (), (1 / rows) * (total.apply(log, i) + m[i]
-                                               - target[i, j] * Z[i, j]))
+        lse = log_sum_exp_rows(g, Z, prefix="ce_")
+        return g.node("ell", (), (1 / rows) * (lse[i] - target[i, j] * Z[i, j]))
     D = g.node("D", (i, j), Z[i, j] - target[i, j])
     f = ScalarFn(loss, _RESIDUAL[loss].subs(r, x))
     return g.node("ell", (), (1 / (rows * width)) * D.apply(f, i, j))

@@ -133,8 +133,8 @@ def test_loss_hessian_parts_equal_sympy(d):
 def _softmax_graph():
     """The engine's row softmax alone, with its Jacobian and second derivative in T."""
     from curvgap.derivations import calculus
-    from curvgap.derivations.attention import softmax_rows
     from curvgap.derivations.graph import Graph
+    from curvgap.derivations.softmax import softmax_rows
 
     g = Graph()
     T = g.input("T", (sizes.L, sizes.d))
