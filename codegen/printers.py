@@ -31,7 +31,7 @@ class ArrayPrinter(PythonCodePrinter):
         # SymPy's Python printer would fall back to the math module, which takes no arrays
         raise ValueError(f"no {self.module} code for the function {type(expr).__name__}; "
                          f"the array functions printed are: {', '.join(ARRAY_FUNCTIONS)}, "
-                         "erf, Abs, Max, Heaviside")
+                         "erf, Abs, Max, Heaviside, sech, sigmoid, softplus")
 
     def _constant(self, expr: sp.Expr) -> str:
         return repr(float(expr))
@@ -46,6 +46,12 @@ class ArrayPrinter(PythonCodePrinter):
 
     def _print_erf(self, expr: sp.Function) -> str:
         return self._call("erf", expr)
+
+    def _helper(self, expr: sp.Function) -> str:
+        """A call of the module's own overflow-free helper ``_<name>``."""
+        return f"_{type(expr).__name__}({self._print(expr.args[0])})"
+
+    _print_sech = _print_sigmoid = _print_softplus = _helper
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}"

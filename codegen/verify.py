@@ -73,7 +73,8 @@ ACTIVATIONS = {
     "silu": torch.nn.functional.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
-    "softplus": torch.nn.functional.softplus,
+    # log(1 + e^u) exactly (F.softplus returns u itself above u = 20, off by e^-20)
+    "softplus": lambda u: torch.logaddexp(u, torch.zeros_like(u)),
     "identity": lambda u: u,
 }
 

@@ -68,8 +68,7 @@ def _evaluate_floats(expr: Expr, values: dict[str, np.ndarray],
             elif isinstance(factor, Ref):
                 array = values[factor.name]
             else:
-                fn = sp.lambdify(fn_variable, factor.fn.expr, modules=[{"Heaviside": _step},
-                                                                       "numpy"])
+                fn = sp.lambdify(fn_variable, factor.fn.expr, modules=[_NUMERIC, "numpy"])
                 array = np.broadcast_to(fn(values[factor.name]), values[factor.name].shape)
             operands.append(array)
             specs.append("".join(letters[i] for i in factor.indices))
@@ -85,6 +84,11 @@ def _evaluate_floats(expr: Expr, values: dict[str, np.ndarray],
 
 def _step(u, *_):
     return (np.asarray(u) > 0).astype(float)
+
+
+#: numeric values of the functions numpy lacks
+_NUMERIC = {"Heaviside": _step, "sigmoid": lambda u: 1 / (1 + np.exp(-u)),
+            "softplus": lambda u: np.logaddexp(0, u), "sech": lambda u: 1 / np.cosh(u)}
 
 
 def _apply(factor: Apply, array: np.ndarray) -> np.ndarray:

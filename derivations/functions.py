@@ -5,6 +5,13 @@ A :class:`ScalarFn` is a SymPy expression in the variable :data:`x`. Its derivat
 Functions that are not differentiable everywhere (ReLU) are differentiated almost
 everywhere: SymPy's ``DiracDelta`` terms, supported on a null set, are dropped, and
 ``Heaviside(x)`` is read as the indicator ``x > 0``.
+
+Derivatives are kept in forms that stay accurate in floating point at large arguments:
+``1 − tanh(u)²`` is written ``sech(u)²`` (the difference loses every digit once ``tanh(u)``
+rounds to ±1, and ``gelu_tanh''`` multiplies it by a cubic), and the logistic function and
+softplus are SymPy functions of their own (:class:`sigmoid`, :class:`softplus`), whose
+derivatives stay in terms of ``σ`` and print as overflow-free calls (``exp(−x)/(1 + exp(−x))²``
+is ``inf/inf`` at ``x = −100``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,48 @@ from dataclasses import dataclass
 import sympy as sp
 
 x = sp.Symbol("x", real=True)
+
+
+class sigmoid(sp.Function):  # noqa: N801  (a SymPy function, named as SymPy's are)
+    """The logistic function ``σ(u) = 1 / (1 + exp(−u))``, ``σ'(u) = σ(u) σ(−u)`` (``σ(−u)``
+    is ``1 − σ(u)`` without the cancellation)."""
+
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
+        return sigmoid(self.args[0]) * sigmoid(-self.args[0])
+
+    def _eval_rewrite_as_exp(self, arg: sp.Expr, **kwargs) -> sp.Expr:
+        return 1 / (1 + sp.exp(-arg))
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+    def _latex(self, printer, exp: str | None = None) -> str:
+        power = "" if exp is None else f"^{{{exp}}}"
+        return rf"\sigma{power}\left({printer._print(self.args[0])}\right)"
+
+
+class softplus(sp.Function):  # noqa: N801
+    """``softplus(u) = log(1 + exp(u))``, ``softplus' = σ``."""
+
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
+        return sigmoid(self.args[0])
+
+    def _eval_rewrite_as_exp(self, arg: sp.Expr, **kwargs) -> sp.Expr:
+        return sp.log(1 + sp.exp(arg))
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+    def _latex(self, printer, exp: str | None = None) -> str:
+        power = "" if exp is None else f"^{{{exp}}}"
+        return (rf"\operatorname{{softplus}}{power}"
+                rf"\left({printer._print(self.args[0])}\right)")
+
+
+def stable_form(expr: sp.Expr) -> sp.Expr:
+    """``expr`` with ``tanh(u)²`` written ``1 − sech(u)²``, so that ``1 − tanh(u)²`` becomes
+    ``sech(u)²`` (exact where the difference would cancel)."""
+    return expr.subs({t**2: 1 - sp.sech(t.args[0])**2 for t in expr.atoms(sp.tanh)})
 
 
 @dataclass(frozen=True)
@@ -32,7 +81,7 @@ class ScalarFn:
     def diff(self) -> ScalarFn:
         """The derivative, almost everywhere."""
         derivative = sp.diff(self.expr, x).replace(sp.DiracDelta, lambda *args: sp.S.Zero)
-        return ScalarFn(self.label + "'", derivative)
+        return ScalarFn(self.label + "'", stable_form(derivative))
 
 
 def power(exponent: sp.Expr, shift: sp.Expr = 0, label: str = "pow") -> ScalarFn:
@@ -51,10 +100,10 @@ def activation(name: str) -> ScalarFn:
         "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
         "gelu_tanh": x * (1 + sp.tanh(sp.sqrt(2 / sp.pi)
                                       * (x + sp.Rational(44715, 1000000) * x**3))) / 2,
-        "silu": x / (1 + sp.exp(-x)),
+        "silu": x * sigmoid(x),
         "tanh": sp.tanh(x),
-        "sigmoid": 1 / (1 + sp.exp(-x)),
-        "softplus": sp.log(1 + sp.exp(x)),
+        "sigmoid": sigmoid(x),
+        "softplus": softplus(x),
         "identity": x,
     }
     return ScalarFn(name, expressions[name])

@@ -283,9 +283,13 @@ def scales_for(results: dict) -> dict[str, torch.Tensor]:
 
 
 def measure(name: str, config: Config, scaled: str, scale: float,
-            backends=("numpy", "torch"), dtypes=DTYPES) -> list[Row]:
-    """The rows of the stability matrix for one config and one scaled input."""
-    modules = {b: importlib.import_module(f"curvgap.generated.{b}.{name}") for b in backends}
+            backends=("numpy", "torch"), dtypes=DTYPES,
+            modules: dict[str, ModuleType] | None = None) -> list[Row]:
+    """The rows of the stability matrix for one config and one scaled input (the shipped
+    generated modules of ``name``, or ``modules`` by backend)."""
+    if modules is None:
+        modules = {b: importlib.import_module(f"curvgap.generated.{b}.{name}")
+                   for b in backends}
     case = make_case(config, modules[backends[0]], scaled, scale)
     reference = Autograd(case, torch.float64).all()
     dirs = directions(case, reference)
