@@ -54,10 +54,13 @@ class Case:
 
 def make_case(config: Config, module: ModuleType, scaled: str, scale: float,
               seed: int = 0) -> Case:
-    """A float64 case with ``X`` (``scaled == "X"``) or ``W_Q, W_K`` (``"W_QK"``) times ``scale``."""
+    """A float64 case with ``X`` (``scaled == "X"``) or ``W_Q, W_K`` (``"W_QK"``) times ``scale``,
+    or (``"shift"``) ``scale`` added to every entry of ``X`` (rows of large mean and unit spread)."""
     params, X, target = random_case(module, DIMS, BATCH, seed)
     if scaled == "X":
         X = X * scale
+    elif scaled == "shift":
+        X = X + scale
     else:
         params = {k: v * scale if k in ("W_Q", "W_K") else v for k, v in params.items()}
     return Case(config, [name for name, _ in module.PARAMS], params, X, target)

@@ -176,3 +176,64 @@ def test_block_unknown_wrt_lists_the_parameters(block_case):
     module, backend, params, X, target = block_case
     with pytest.raises(ValueError, match=r"wrt: expected 'X' or one of the parameters \['W_Q', 'W_K', 'W_V', 'W_1', 'W_2'\], got 'gamma_1'"):
         module.jacobian(to_backend(backend, params), to_backend(backend, X), "gamma_1")
+
+
+@pytest.mark.parametrize("function", ["forward", "jacobian", "loss_hessian"])
+def test_a_result_that_overflows_raises(block_case, function):
+    """Finite inputs whose arithmetic overflows give an error naming the function, the
+    quantity and the largest input, never an array of inf or NaN."""
+    module, backend, params, X, target = block_case
+    P, Xb, Tb = (to_backend(backend, v) for v in (params, X * 1e200, target))
+    quantity = {"forward": "the output", "jacobian": "the Jacobian in W_K",
+                "loss_hessian": r"the full loss Hessian in \['W_Q', 'W_K', 'W_V', 'W_1', 'W_2'\]"}
+    with pytest.raises(FloatingPointError, match=(
+            rf"{function}: {quantity[function]} has entries that are inf or NaN although every "
+            r"input is finite: the arithmetic overflowed float64 \(largest \|entry\|: X [0-9.]+e\+200, "
+            r"W_Q .*\); pass inputs and parameters of smaller magnitude")), \
+            np.errstate(all="ignore"):
+        if function == "forward":
+            module.forward(P, Xb)
+        elif function == "jacobian":
+            module.jacobian(P, Xb, "W_K")
+        else:
+            module.loss_hessian(P, Xb, Tb)
+
+
+def test_float32_overflow_suggests_float64(block_case):
+    module, backend, params, X, target = block_case
+    P, Xb = to_backend(backend, {k: v.float() for k, v in params.items()}), to_backend(
+        backend, (X * 1e25).float())
+    with pytest.raises(FloatingPointError, match=r"overflowed float32 .*; pass float64 inputs, or"), \
+            np.errstate(all="ignore"):
+        module.jacobian(P, Xb, "W_K")
+
+
+HALF = {"numpy": [np.float16], "torch": [torch.float16, torch.bfloat16]}
+
+
+def test_half_precision_is_computed_in_float32(block_case):
+    """float16 (and bfloat16) inputs are computed in float32 and returned in their dtype."""
+    module, backend, params, X, target = block_case
+    for half in HALF[backend]:
+        def cast(value, dtype):
+            if backend == "numpy":
+                return value.numpy().astype(half).astype(dtype)
+            return value.to(half).to(dtype)
+        wide = torch.float32 if backend == "torch" else np.float32
+        inputs = {dtype: ({k: cast(v, dtype) for k, v in params.items()}, cast(X, dtype),
+                          cast(target, dtype)) for dtype in (half, wide)}
+        for function in ("forward", "loss_hessian", "hvp"):
+            results = {}
+            for dtype, (P, Xb, Tb) in inputs.items():
+                if function == "forward":
+                    results[dtype] = module.forward(P, Xb)
+                elif function == "loss_hessian":
+                    results[dtype] = module.loss_hessian(P, Xb, Tb, wrt=["W_V", "W_1"])
+                else:
+                    n = sum(int(np.prod(v.shape)) for v in P.values())
+                    v = cast(torch.linspace(-1, 1, n, dtype=torch.float64), dtype)
+                    results[dtype] = module.hvp(P, Xb, Tb, v)
+            assert results[half].dtype == half
+            expected = (results[wide].astype(half) if backend == "numpy"
+                        else results[wide].to(half))
+            assert (results[half] == expected).all(), (function, half)
