@@ -215,7 +215,7 @@ def test_half_precision_is_computed_in_float32(block_case):
     """float16 (and bfloat16) inputs are computed in float32 and returned in their dtype."""
     module, backend, params, X, target = block_case
     for half in HALF[backend]:
-        def cast(value, dtype):
+        def cast(value, dtype, half=half):
             if backend == "numpy":
                 return value.numpy().astype(half).astype(dtype)
             return value.to(half).to(dtype)
