@@ -34,6 +34,8 @@ DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}
 BATCH = 2
 #: input scales of the matrix, applied to ``X`` or to ``W_Q`` and ``W_K``
 SCALES = (1e-3, 1.0, 10.0, 100.0, 1e3)
+#: shifts added to every entry of ``X`` (normalisation of rows with a large mean)
+SHIFTS = (10.0, 1e3, 1e5)
 FLOOR = {torch.float64: 1e-10, torch.float32: 10 * float(torch.finfo(torch.float32).eps)}
 DTYPES = (torch.float64, torch.float32)
 

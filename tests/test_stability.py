@@ -3,9 +3,9 @@ same inputs (and at most 1e-10 in float64 wherever autograd reaches that), measu
 float64 reference, on inputs a trained model produces: saturated attention, large logits,
 tiny and huge row variances, large activation arguments.
 
-``pytest -m stability`` runs the whole matrix (every shipped config, ``X`` and ``W_Q, W_K``
-scaled by each of ``1e-3 … 1e3``, float64 and float32, both backends, every contract
-function); the default run takes the corners of it."""
+``pytest -m stability`` runs the whole matrix (every shipped config; ``X`` and ``W_Q, W_K``
+scaled by each of ``1e-3 … 1e3``, ``X`` shifted by ``10 … 1e5``; float64 and float32; both
+backends; every contract function); the default run takes corners of it."""
 
 from __future__ import annotations
 
@@ -17,23 +17,31 @@ import pytest
 import sympy as sp
 import torch
 from conftest import BACKENDS, SHIPPED
-from stability import DTYPES, FLOOR, SCALES, bound, measure
+from stability import DTYPES, FLOOR, SCALES, SHIFTS, bound, measure
 
 from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
 from curvgap.codegen.verify import ACTIVATIONS
 from curvgap.derivations.functions import activation, sigmoid, softplus, x
 
 
-def _scaled_inputs(name: str) -> list[str]:
-    return ["X", "W_QK"] if SHIPPED[name].kind in ("block", "self_attention") else ["X"]
+def cases(name: str) -> list[tuple[str, str, float]]:
+    """The matrix for one config: ``X`` scaled; ``W_Q, W_K`` scaled where there is attention;
+    ``X`` shifted (rows of large mean) where there is a normalisation."""
+    kind = SHIPPED[name].kind
+    out = [(name, "X", scale) for scale in SCALES]
+    if kind in ("block", "self_attention"):
+        out += [(name, "W_QK", scale) for scale in SCALES]
+    if kind in ("block", "layernorm"):
+        out += [(name, "shift", shift) for shift in SHIFTS]
+    return out
 
 
-FULL = [(name, scaled, scale) for name in sorted(SHIPPED) for scaled in _scaled_inputs(name)
-        for scale in SCALES]
+FULL = [case for name in sorted(SHIPPED) for case in cases(name)]
 QUICK = [("self_attention", "X", 10.0), ("self_attention", "X", 1e3),
          ("self_attention", "W_QK", 100.0), ("paper_block", "X", 1e3),
          ("paper_block_eps", "X", 1e-3), ("layernorm", "X", 1e3),
-         ("gpt2_block", "X", 100.0), ("rmsnorm_block", "W_QK", 1e3)]
+         ("gpt2_block", "X", 100.0), ("rmsnorm_block", "W_QK", 1e3),
+         ("layernorm_affine", "shift", 1e5)]
 
 
 def _check(name: str, scaled: str, scale: float) -> None:
@@ -111,3 +119,42 @@ def test_activation_derivatives_at_large_arguments(name, order, dtype, backend):
     autograd = np.nanmax(np.abs(_autograd(name, order, dtype) - exact)) / scale
     assert error <= bound(dtype, autograd), (error, autograd)
     assert FLOOR[dtype] < 1e-5
+
+
+# -- the reference itself, backed by finite differences ----------------------------------------
+
+@pytest.mark.parametrize("name, scaled, scale", [("self_attention", "X", 10.0),
+                                                 ("paper_block", "X", 1e3),
+                                                 ("gpt2_block", "W_QK", 10.0)])
+def test_reference_agrees_with_finite_differences(name, scaled, scale):
+    """Saturated inputs: the reverse-over-reverse reference loss Hessian (and curvgap's) equals
+    central differences of the autograd gradient (float64, step 1e-6 relative)."""
+    from stability import Autograd, make_case
+
+    from conftest import generated_module
+
+    module = generated_module(name, "torch")
+    case = make_case(SHIPPED[name], module, scaled, scale)
+    reference = Autograd(case, torch.float64).loss_hessian_params()
+    names = case.names
+    flat = torch.cat([case.params[n].reshape(-1) for n in names])
+    sizes = [case.params[n].numel() for n in names]
+
+    def gradient(vector):
+        vector = vector.clone().requires_grad_(True)
+        params = {n: p.reshape(case.params[n].shape)
+                  for n, p in zip(names, torch.split(vector, sizes))}
+        (g,) = torch.autograd.grad(Autograd(case, torch.float64)._batch_loss(params), vector)
+        return g
+
+    columns = []
+    for k in range(len(flat)):
+        step = 1e-6 * max(1.0, float(flat[k].abs()))
+        e = torch.zeros_like(flat)
+        e[k] = step
+        columns.append((gradient(flat + e) - gradient(flat - e)) / (2 * step))
+    finite_differences = torch.stack(columns, dim=1)
+    size = float(reference.abs().max())
+    assert float((finite_differences - reference).abs().max()) <= 1e-6 * size
+    ours = module.loss_hessian(case.params, case.X, case.target)
+    assert float((finite_differences - ours).abs().max()) <= 1e-6 * size
