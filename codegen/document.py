@@ -20,7 +20,8 @@ from ..derivations.graph import Assign, Graph
 from ..derivations.indexform import Index
 from ..derivations.model import Derivation, derive
 from ..derivations.paper import WEIGHTS, BlockObjects
-from .latex import LatexPrinter, Notation, variable_symbol, width
+from ..derivations.softmax import RowSoftmax
+from .latex import LatexPrinter, Notation, Symbol, base_symbol, variable_symbol, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -190,11 +191,37 @@ def _notation(der: Derivation) -> Notation:
                 rf"\frac{{\partial^2 Z}}{{\partial {sup}\,\partial {variable_symbol(w)}}}")
             notation.symbols[f"gauss_newton_{v}_{w}"] = rf"H^{{\mathrm{{GN}}}}_{{{both}}}"
             notation.symbols[f"functional_{v}_{w}"] = rf"H^{{\mathrm{{F}}}}_{{{both}}}"
+    for assign in graph.assigns:
+        if isinstance(assign.rule, RowSoftmax):
+            _centred_notation(notation, assign.target.name, assign.rule.source, variables)
     for name in [*forward, *variables]:
         notation.derived(f"g_{name}", name, "bar", "")
         for label in ("params", "X"):
             notation.derived(f"d{name}_v{label}", name, "dot", "v")
     return notation
+
+
+def _centred_notation(notation: Notation, node: str, source: str, variables: list[str]) -> None:
+    """Symbols of a softmax node's centred factors (a ring on the head): ``dc<A>_<v>`` the
+    centred tangent of its argument, ``d2c<A>_<vw>`` the centred second tangent (``_2``,
+    ``_3`` its further coefficient classes), ``gc_<A>`` the centred adjoint."""
+    argument, output = base_symbol(source), base_symbol(node)
+
+    def ring(accent: str, sup: str, part: int = 1) -> str:
+        sub = ",".join(s for s in (argument.sub, str(part) if part > 1 else "") if s)
+        return Symbol(rf"\{accent}{{{argument.head}}}", sub, sup, "mathring").latex()
+
+    for v in variables:
+        notation.symbols[f"dc{node}_{v}"] = ring("dot", variable_symbol(v))
+        for w in variables:
+            both = f"{variable_symbol(v)},{variable_symbol(w)}"
+            for part in (1, 2, 3):
+                suffix = "" if part == 1 else f"_{part}"
+                notation.symbols[f"d2c{node}_{v}{w}{suffix}"] = ring("ddot", both, part)
+    for label in ("params", "X"):
+        notation.symbols[f"dc{node}_v{label}"] = ring("dot", "v")
+    notation.symbols[f"gc_{node}"] = Symbol(rf"\bar{{{output.head}}}", output.sub, "",
+                                            "mathring").latex()
 
 
 NOTATION_TEXT = r"""
@@ -224,7 +251,10 @@ $W$: its indices are $N$'s and $W$'s, except those a Kronecker delta or a broadc
 carries where it is used, so $\dot N^{W}$ is the Jacobian $\partial N / \partial W$ up to
 such factors, which each formula shows. $\ddot N^{V,W}$ is the second derivative, $\bar N =
 \partial \ell / \partial N$ the adjoint (the gradient of the per-sample loss),
-$\dot N^{v}$ a directional derivative along $v$ (Hessian-vector products).
+$\dot N^{v}$ a directional derivative along $v$ (Hessian-vector products). A ring marks
+a row centred by the softmax weights it feeds, $\mathring u = u - \langle A, u\rangle$
+row by row (for $A = \operatorname{softmax}(T)$: $\dot A = A \circ \mathring{\dot T}$), the
+form in which the softmax's derivatives are computed.
 """
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import sympy as sp
 import torch
-from conftest import BACKENDS, SHIPPED
-from stability import DTYPES, FLOOR, SCALES, SHIFTS, bound, measure
+from conftest import BACKENDS, SHIPPED, generated_module
+from stability import DTYPES, FLOOR, SCALES, SHIFTS, Autograd, bound, make_case, measure
 
 from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
 from curvgap.codegen.verify import ACTIVATIONS
@@ -129,10 +129,6 @@ def test_activation_derivatives_at_large_arguments(name, order, dtype, backend):
 def test_reference_agrees_with_finite_differences(name, scaled, scale):
     """Saturated inputs: the reverse-over-reverse reference loss Hessian (and curvgap's) equals
     central differences of the autograd gradient (float64, step 1e-6 relative)."""
-    from stability import Autograd, make_case
-
-    from conftest import generated_module
-
     module = generated_module(name, "torch")
     case = make_case(SHIPPED[name], module, scaled, scale)
     reference = Autograd(case, torch.float64).loss_hessian_params()
