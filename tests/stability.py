@@ -55,10 +55,10 @@ class Case:
 
 
 def make_case(config: Config, module: ModuleType, scaled: str, scale: float,
-              seed: int = 0) -> Case:
+              seed: int = 0, dims: dict[str, int] = DIMS, batch: int = BATCH) -> Case:
     """A float64 case with ``X`` (``scaled == "X"``) or ``W_Q, W_K`` (``"W_QK"``) times ``scale``,
     or (``"shift"``) ``scale`` added to every entry of ``X`` (rows of large mean and unit spread)."""
-    params, X, target = random_case(module, DIMS, BATCH, seed)
+    params, X, target = random_case(module, dims, batch, seed)
     if scaled == "X":
         X = X * scale
     elif scaled == "shift":
@@ -169,13 +169,15 @@ class Autograd:
             return torch.einsum("bri,brs,bsj->bij", J, Hz, J)
         return torch.einsum("bri,brs,bsj->ij", J, Hz, J) / self.X.shape[0]
 
-    def all(self) -> dict[str, torch.Tensor]:
-        """Every contract function's result, keyed as in :func:`curvgap_results`."""
+    def all(self, loss_only: bool = False) -> dict[str, torch.Tensor]:
+        """Every contract function's result, keyed as in :func:`curvgap_results` (with
+        ``loss_only``: the loss, its Hessians and HVPs alone)."""
         J = self.jacobians()
         results = {"forward": self.forward(), "loss": self.loss()}
-        results |= {f"jacobian[{v}]": value for v, value in J.items()}
-        results |= {f"output_hessian[{v},{w}]": value
-                    for (v, w), value in self.output_hessians().items()}
+        if not loss_only:
+            results |= {f"jacobian[{v}]": value for v, value in J.items()}
+            results |= {f"output_hessian[{v},{w}]": value
+                        for (v, w), value in self.output_hessians().items()}
         for label in (["params"] if self.names else []) + ["X"]:
             full = self.loss_hessian_params() if label == "params" else self.loss_hessian_X()
             gn = self.gauss_newton(J, "X" if label == "X" else "params")
@@ -208,16 +210,15 @@ def with_hvps(results: dict, dirs: dict) -> dict:
 
 
 def curvgap_results(module: ModuleType, backend: str, case: Case, dtype: torch.dtype,
-                    dirs: dict) -> dict[str, np.ndarray]:
+                    dirs: dict, loss_only: bool = False) -> dict[str, np.ndarray]:
     """Every contract function of ``module`` on ``case`` cast to ``dtype``."""
     conv = (lambda t: t.numpy()) if backend == "numpy" else (lambda t: t)
     P = {k: conv(v) for k, v in _cast(case.params, dtype).items()}
     X, T = conv(_cast(case.X, dtype)), conv(_cast(case.target, dtype))
     variables = [*case.names, "X"]
     out = {"forward": module.forward(P, X), "loss": module.loss(P, X, T)}
-    for v in variables:
+    for v in [] if loss_only else variables:
         out[f"jacobian[{v}]"] = module.jacobian(P, X, v)
-    for v in variables:
         for w in variables:
             out[f"output_hessian[{v},{w}]"] = module.output_hessian(P, X, v, w)
     for label in (["params"] if case.names else []) + ["X"]:
@@ -270,8 +271,9 @@ def scales_for(results: dict) -> dict[str, torch.Tensor]:
     of (all Jacobians, all output-Hessian blocks, the whole loss Hessian), so that a block
     that is zero in exact arithmetic is not measured against its own rounding."""
     def largest(prefix):
-        return torch.stack([v.detach().abs().max() for k, v in results.items()
-                            if k.startswith(prefix) and v.numel()]).max()
+        sizes = [v.detach().abs().max() for k, v in results.items()
+                 if k.startswith(prefix) and v.numel()]
+        return torch.stack(sizes).max() if sizes else None
 
     jacobians, output_hessians = largest("jacobian["), largest("output_hessian[")
     out = {}
@@ -289,22 +291,24 @@ def scales_for(results: dict) -> dict[str, torch.Tensor]:
 
 def measure(name: str, config: Config, scaled: str, scale: float,
             backends=("numpy", "torch"), dtypes=DTYPES,
-            modules: dict[str, ModuleType] | None = None) -> list[Row]:
+            modules: dict[str, ModuleType] | None = None, dims: dict[str, int] = DIMS,
+            batch: int = BATCH, loss_only: bool = False) -> list[Row]:
     """The rows of the stability matrix for one config and one scaled input (the shipped
     generated modules of ``name``, or ``modules`` by backend)."""
     if modules is None:
         modules = {b: importlib.import_module(f"curvgap.generated.{b}.{name}")
                    for b in backends}
-    case = make_case(config, modules[backends[0]], scaled, scale)
-    reference = Autograd(case, torch.float64).all()
+    case = make_case(config, modules[backends[0]], scaled, scale, dims=dims, batch=batch)
+    reference = Autograd(case, torch.float64).all(loss_only)
     dirs = directions(case, reference)
     reference = with_hvps(reference, dirs)
     scale_of = scales_for(reference)
     rows = []
     for dtype in dtypes:
         route = "forward" if dtype == torch.float64 else "reverse"
-        autograd = with_hvps(Autograd(case, dtype, route).all(), dirs)
-        ours = {b: curvgap_results(m, b, case, dtype, dirs) for b, m in modules.items()}
+        autograd = with_hvps(Autograd(case, dtype, route).all(loss_only), dirs)
+        ours = {b: curvgap_results(m, b, case, dtype, dirs, loss_only)
+                for b, m in modules.items()}
         for key, ref in reference.items():
             rows.append(Row(key, dtype, error(autograd[key], ref, scale_of[key]),
                             {b: error(ours[b][key], ref, scale_of[key]) for b in backends}))
