@@ -159,9 +159,20 @@ def seed(graph: Graph, variable: Tensor, hint: str = "p") -> Tangents:
     return Tangents(indices, {variable.name: identity.with_free(variable.indices + indices)})
 
 
+def _check_intermediates(assigns: list) -> None:
+    """A primitive's intermediates carry no derivative: only the primitive may read them."""
+    internal = {a.target.name for a in assigns if a.internal}
+    for assign in assigns:
+        read = assign.expr.names() & internal
+        assert assign.internal or assign.rule is not None or not read, (
+            f"{assign.target.name} reads {sorted(read)}, intermediates of a primitive whose "
+            "derivatives are its rule's; read the primitive's output instead")
+
+
 def propagate(graph: Graph, assigns: list, tangents: Tangents, label: str) -> Tangents:
     """Forward-propagate ``tangents`` through ``assigns`` (in order); each non-zero tangent
     is bound as ``d<node>_<label>`` when it is not cheap to carry inline."""
+    _check_intermediates(assigns)
     for assign in filter(differentiable, assigns):
         with graph.sublayer(assign.sublayer):
             if assign.rule is not None:
@@ -200,8 +211,9 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
     ``assigns`` (reverse mode), each bound as ``g_<name>`` when not cheap inline."""
     pending: dict[str, list[Term]] = {}
     adjoints = {output.name: seed_expr}
-    assigns = list(filter(differentiable, assigns))
     defined = {a.target.name for a in assigns}
+    _check_intermediates(assigns)
+    assigns = list(filter(differentiable, assigns))
     for assign in reversed(assigns):
         name = assign.target.name
         if name in pending:

@@ -64,7 +64,7 @@ def _bind_scaled(graph: Graph, name: str, expr: Expr) -> Expr:
     classes: list[tuple[sp.Expr, list[Term]]] = []
     for term in expr.terms:
         for common, members in classes:
-            if sp.simplify(term.coeff / common).is_rational:
+            if sp.cancel(term.coeff / common).is_Rational:  # a number, not a size ratio
                 members.append(term)
                 break
         else:
@@ -145,9 +145,11 @@ class RowSoftmax:
         read = _reader(graph, adjoint, target.indices, {})
         centred = graph.node(self.centred_adjoint(target), target.indices,
                              _centred(graph, target.name, target.indices, read, target.indices))
-        at = graph.tensors[self.source].indices
-        return {self.source: [Term(sp.Integer(1), (Ref(target.name, at),
-                                                   Ref(centred.name, at)))]}
+        source = graph.tensors[self.source]
+        if source.role in ("target", "direction", "constant"):
+            return {}
+        return {self.source: [Term(sp.Integer(1), (Ref(target.name, source.indices),
+                                                   Ref(centred.name, source.indices)))]}
 
     @staticmethod
     def centred_adjoint(target: Tensor) -> str:
@@ -158,6 +160,8 @@ class RowSoftmax:
         """``Σ A ∘ c(ḡ_A) ∘ c(dS_u) ∘ c(dS_v)`` over every entry of ``A``."""
         centred = self.centred_adjoint(target)
         if centred not in graph.tensors:
+            assert adjoints.get(target.name) is None or adjoints[target.name].is_zero, (
+                f"{target.name} has an adjoint but no centred adjoint {centred}")
             return []
         at = tuple(graph.pool.fresh(i.dim, "s") for i in target.indices)
         read = _second_reader(graph, target, graph.tensors[self.source], first, second,
@@ -200,9 +204,10 @@ class RowLogSumExp:
 
     def adjoint(self, graph: Graph, target: Tensor, adjoint: Expr) -> dict[str, list[Term]]:
         """``ḡ_S = ḡ_lse P``."""
-        if adjoint.is_zero:
+        source = graph.tensors[self.source]
+        if adjoint.is_zero or source.role in ("target", "direction", "constant"):
             return {}
-        at = graph.tensors[self.source].indices
+        at = source.indices
         outer = instantiate(graph, adjoint, dict(zip(target.indices, at[:-1])))
         return {self.source: [Term(t.coeff, t.factors + (Ref(self.probabilities, at),))
                               for t in outer]}

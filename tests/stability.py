@@ -5,7 +5,8 @@ For one config and one input scale, :func:`measure` draws a random case in float
 of the generated-module contract three ways:
 
 * the *reference*: reverse-over-reverse autograd (``jacrev`` of ``jacrev``) of the independent
-  plain-PyTorch forward in :mod:`curvgap.codegen.verify`, in float64;
+  plain-PyTorch forward in :mod:`curvgap.codegen.verify`, in float64, on the inputs as rounded
+  to the dtype under test;
 * *autograd* in the dtype under test: the same reverse-over-reverse route on the inputs cast
   to that dtype, and in float64 the other autograd route (``torch.func.hessian``,
   forward-over-reverse), so that autograd's own float64 error is measured too;
@@ -299,17 +300,28 @@ def measure(name: str, config: Config, scaled: str, scale: float,
         modules = {b: importlib.import_module(f"curvgap.generated.{b}.{name}")
                    for b in backends}
     case = make_case(config, modules[backends[0]], scaled, scale, dims=dims, batch=batch)
-    reference = Autograd(case, torch.float64).all(loss_only)
-    dirs = directions(case, reference)
-    reference = with_hvps(reference, dirs)
-    scale_of = scales_for(reference)
+    dirs = directions(case, Autograd(case, torch.float64).all(loss_only=True))
     rows = []
     for dtype in dtypes:
+        # the reference is computed on the inputs as rounded to ``dtype``: the errors measured
+        # are those of the arithmetic, not of representing the inputs
+        rounded = _rounded(case, dtype)
+        dirs_rounded = {k: v.to(dtype).to(torch.float64) for k, v in dirs.items()}
+        reference = with_hvps(Autograd(rounded, torch.float64).all(loss_only), dirs_rounded)
+        scale_of = scales_for(reference)
         route = "forward" if dtype == torch.float64 else "reverse"
-        autograd = with_hvps(Autograd(case, dtype, route).all(loss_only), dirs)
+        autograd = with_hvps(Autograd(case, dtype, route).all(loss_only), dirs_rounded)
         ours = {b: curvgap_results(m, b, case, dtype, dirs, loss_only)
                 for b, m in modules.items()}
         for key, ref in reference.items():
             rows.append(Row(key, dtype, error(autograd[key], ref, scale_of[key]),
                             {b: error(ours[b][key], ref, scale_of[key]) for b in backends}))
     return rows
+
+
+def _rounded(case: Case, dtype: torch.dtype) -> Case:
+    """``case`` with every value rounded to ``dtype`` (and held in float64)."""
+    def round_trip(value):
+        return _cast(_cast(value, dtype), torch.float64)
+    return Case(case.config, case.names, round_trip(case.params), round_trip(case.X),
+                round_trip(case.target))

@@ -42,20 +42,16 @@ def test_unshipped_variant_generated_in_a_temporary_folder(tmp_path, backend):
 
 
 def test_verifier_measures_blocks_against_the_whole(backend):
-    """Saturated attention (X × 30): the W_Q blocks are zero in exact arithmetic; the
-    verifier measures them against the whole Jacobian and output Hessian, so they pass, and
-    they are indeed negligible against it."""
-    from curvgap.codegen.verify import Reference, random_case, relative_error
+    """Saturated attention (X × 10): the W_Q blocks are zero in exact arithmetic (here below
+    1e-25 of the whole Jacobian); the verifier measures them against the whole Jacobian and
+    output Hessian, so their rounding does not read as a failure."""
+    from curvgap.codegen.verify import Reference, random_case
 
     config, module = SHIPPED["self_attention"], generated_module("self_attention", backend)
     dims = {"L": 3, "d": 4, "d_k": 5}
-    errors = check_module(config, module, backend, dims, 2, input_scale=30.0)
+    errors = check_module(config, module, backend, dims, 2, input_scale=10.0)
     assert max(errors.values()) <= TOLERANCE, errors
     params, X, target = random_case(module, dims, 2)
-    ref = Reference(config, module, params, X * 30.0, target)
+    ref = Reference(config, module, params, X * 10.0, target)
     whole = max(float(ref.jacobian(v).abs().max()) for v in ("W_Q", "W_K", "W_V", "X"))
-    assert float(ref.jacobian("W_Q").abs().max()) < 1e-10 * whole
-    P = {k: v.numpy() if backend == "numpy" else v for k, v in params.items()}
-    X30 = (X * 30.0).numpy() if backend == "numpy" else X * 30.0
-    # measured against itself, the block's rounding would read as a relative error of O(1)
-    assert relative_error(module.jacobian(P, X30, "W_Q"), ref.jacobian("W_Q")) > 1e-3
+    assert 0 < float(ref.jacobian("W_Q").abs().max()) < 1e-25 * whole

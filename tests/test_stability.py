@@ -17,7 +17,7 @@ import pytest
 import sympy as sp
 import torch
 from conftest import BACKENDS, SHIPPED, generated_module
-from stability import DTYPES, FLOOR, SCALES, SHIFTS, Autograd, bound, make_case, measure
+from stability import DTYPES, SCALES, SHIFTS, Autograd, bound, make_case, measure
 
 from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
 from curvgap.codegen.verify import ACTIVATIONS
@@ -50,6 +50,10 @@ def _check(name: str, scaled: str, scale: float) -> None:
            for r in rows if not r.ok]
     assert not bad, f"{len(bad)} functions above 10× autograd's error: " + "; ".join(bad[:5])
     assert len(rows) >= 2 * 8
+    # the bound is autograd's error: it must itself be finite and well below 1 for the
+    # comparison to mean something (float32 rows of mean 1e5 and spread 1 keep 2 of their 7
+    # digits, in any algorithm: autograd's error there reaches 2e-2, curvgap's equals it)
+    assert max(r.autograd for r in rows) <= 0.1, max(rows, key=lambda r: r.autograd)
 
 
 @pytest.mark.parametrize("name, scaled, scale", QUICK)
@@ -131,7 +135,7 @@ def test_activation_derivatives_at_large_arguments(name, order, dtype, backend):
     # no bound
     autograd = np.nanmax(np.abs(_autograd(name, order, dtype) - exact)) / scale
     assert error <= bound(dtype, autograd), (error, autograd)
-    assert FLOOR[dtype] < 1e-5
+    assert autograd <= 1e-4, autograd
 
 
 # -- the reference itself, backed by finite differences ----------------------------------------

@@ -165,3 +165,62 @@ def test_row_softmax_rules_equal_sympy(rows, n):
         hessian = [[[sp.diff(a, u, v) for v in ts] for u in ts] for a in reference]
         assert_zero(np.array(hessian, dtype=object)
                     - values["hessian"].reshape(rows * n, rows * n, rows * n))
+
+
+def _rule_graph(primitive: str):
+    """``ell = Σ C ∘ A²`` for ``A = softmax(T)``, or ``ell = Σ_i lse_i²`` for the row
+    log-sum-exp: every rule of the primitive (tangent, adjoint, loss-Hessian part,
+    forward-over-adjoint) enters its gradient, Hessian and Hessian-vector product."""
+    from curvgap.derivations import calculus
+    from curvgap.derivations.graph import Graph
+    from curvgap.derivations.indexform import Expr, Term
+    from curvgap.derivations.softmax import log_sum_exp_rows, softmax_rows
+
+    g = Graph()
+    T = g.input("T", (sizes.L, sizes.d))
+    C = g.input("C", (sizes.L, sizes.d), role="target")
+    i, j = g.index(sizes.L), g.index(sizes.d)
+    if primitive == "softmax":
+        A = softmax_rows(g, T)
+        ell = g.node("ell", (), C[i, j] * A[i, j] * A[i, j])
+    else:
+        lse = log_sum_exp_rows(g, T, prefix="ce_")
+        ell = g.node("ell", (), lse[i] * lse[i])
+    forward = list(g.assigns)
+    adjoints = calculus.propagate_adjoints(g, forward, ell, Expr([Term(sp.Integer(1))]).with_free(()))
+    program = list(g.assigns)
+    first = calculus.propagate(g, forward, calculus.seed(g, T), "T")
+    renamed = {k: g.index(k.dim, "q") for k in first.indices}
+    g.output("gradient", adjoints["T"])
+    g.output("hessian", calculus.hessian_by_adjoints(g, forward, adjoints, first, first, renamed))
+    v = g.input("v_T", T.shape, role="direction")
+    directions = calculus.Tangents((), {"T": v[T.indices].with_free(T.indices)})
+    calculus.propagate(g, program, directions, "v")
+    g.output("hvp", calculus.differentiate(g, adjoints["T"], directions))
+    return g
+
+
+@pytest.mark.parametrize("primitive", ["softmax", "log_sum_exp"])
+@pytest.mark.parametrize("rows, n", [(1, 2), (1, 3), (2, 2)])
+def test_primitive_adjoint_and_hessian_rules_equal_sympy(primitive, rows, n):
+    g = _rule_graph(primitive)
+    T = np.array(sp.symbols(f"t0:{rows * n}", real=True)).reshape(rows, n)
+    C = np.array(sp.symbols(f"c0:{rows * n}", real=True)).reshape(rows, n)
+    v = np.array(sp.symbols(f"v0:{rows * n}", real=True)).reshape(rows, n)
+    shift = np.zeros(rows, dtype=object)
+    values = evaluate(g, g.assigns, {"T": T, "C": C, "v_T": v, "T_max": shift,
+                                     "ce_max": shift}, {sizes.L: rows, sizes.d: n, B: 1})
+    ts = list(T.reshape(-1))
+    if primitive == "softmax":
+        loss = 0
+        for r in range(rows):
+            total = sum(sp.exp(t) for t in T[r])
+            loss += sum(c * (sp.exp(t) / total) ** 2 for t, c in zip(T[r], C[r]))
+    else:
+        loss = sum(sp.log(sum(sp.exp(t) for t in T[r])) ** 2 for r in range(rows))
+    gradient = sp.Matrix([sp.diff(loss, t) for t in ts])
+    hessian = sp.hessian(loss, ts)
+    assert_zero(np.array(gradient).reshape(-1) - values["gradient"].reshape(-1))
+    assert_zero(np.array(hessian) - values["hessian"].reshape(rows * n, rows * n))
+    assert_zero(np.array(hessian * sp.Matrix(v.reshape(-1))).reshape(-1)
+                - values["hvp"].reshape(-1))
