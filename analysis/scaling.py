@@ -29,7 +29,7 @@ import numpy as np
 import sympy as sp
 import torch
 
-from ..codegen.generate import shipped_configs
+from ..codegen.resources import shipped_configs
 from ..derivations.config import load
 from ..derivations.functions import ScalarFn, x
 from ..derivations.indexform import Apply, Delta, Expr, Ref

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..codegen.generate import CONFIGS, render_all
+from ..codegen.generate import render_all
+from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
 from ..derivations.config import load
 from .routes import Routes

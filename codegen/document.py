@@ -16,12 +16,14 @@ import sympy as sp
 
 from ..derivations import matrixform as mf
 from ..derivations.config import Config
+from ..derivations.description import describe
 from ..derivations.graph import Assign, Graph
 from ..derivations.indexform import Index
 from ..derivations.model import Derivation, derive
 from ..derivations.paper import WEIGHTS, BlockObjects
 from ..derivations.softmax import RowSoftmax
 from .latex import LatexPrinter, Notation, Symbol, base_symbol, variable_symbol, width
+from .resources import TEMPLATES
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -273,7 +275,6 @@ def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, s
 
 def document_context(der: Derivation) -> dict:
     """Everything the LaTeX template needs for ``der``: title, architecture, sections."""
-    from .generate import describe
 
     config, graph = der.config, der.graph
     notation = _notation(der)
@@ -424,7 +425,6 @@ def document(source: Config | Derivation) -> str:
     index form and, where recognised, in the paper's matrix form."""
     import jinja2
 
-    from .generate import TEMPLATES
 
     der = source if isinstance(source, Derivation) else derive(source)
 

@@ -31,7 +31,7 @@ from ..derivations.indexform import Apply, Index, Ref, Term
 from ..derivations.model import Derivation
 from . import ir
 
-B = sp.Symbol("B", positive=True, integer=True)
+B = sizes.B
 NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
            sizes.d_v: 8}
 LETTERS = [c for c in string.ascii_letters if c != "b"]

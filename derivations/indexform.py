@@ -104,12 +104,6 @@ class Term:
     def renamed(self, mapping: dict[Index, Index]) -> Term:
         return Term(self.coeff, tuple(f.renamed(mapping) for f in self.factors))
 
-    def latex(self) -> str:
-        """This term in LaTeX index form (summed indices written as a sum)."""
-        from ..codegen.latex import latex
-
-        return latex(self)
-
     @property
     def data_factors(self) -> tuple[Ref | Apply, ...]:
         return tuple(f for f in self.factors if not isinstance(f, Delta))
@@ -158,13 +152,6 @@ class Expr:
     def with_free(self, free: tuple[Index, ...]) -> Expr:
         """This expression with ``free`` as its output indices, simplified."""
         return Expr(self.terms, tuple(free)).simplified()
-
-    def latex(self) -> str:
-        """This expression in LaTeX index form; :mod:`derivations.matrixform` gives the
-        matrix form."""
-        from ..codegen.latex import latex
-
-        return latex(self)
 
     # -- queries -----------------------------------------------------------------
     @property

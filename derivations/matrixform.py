@@ -55,11 +55,6 @@ class MatExpr:
     def evaluate(self, values: dict[str, np.ndarray], dims: dict) -> np.ndarray:
         raise NotImplementedError
 
-    def latex(self) -> str:
-        from ..codegen.latex import LatexPrinter
-
-        return LatexPrinter().doprint(self)
-
 
 @dataclass(frozen=True)
 class MatLeaf(MatExpr):

@@ -77,7 +77,7 @@ class Derivation:
         return self.graph.group(name)
 
 
-def _build_network(g: Graph, config: Config, external: dict | None = None
+def build_network(g: Graph, config: Config, external: dict | None = None
                    ) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
     """The forward nodes of the configured sublayer: input ``X``, output, parameters in
     the order of DESIGN.md §2, and runtime guards; ``external`` collects the shapes users
@@ -152,7 +152,7 @@ def derive(config: Config) -> Derivation:
     g = Graph()
     external: dict[str, tuple[str, ...]] = {}
     with g.group("forward"):
-        X, Z, params, guards = _build_network(g, config, external)
+        X, Z, params, guards = build_network(g, config, external)
     target = g.input("T", (sizes.L, sizes.d), role="target")
     with g.group("loss"), g.sublayer("Loss"):
         ell = losses.build(g, config.loss, Z, target)

@@ -30,7 +30,7 @@ from . import calculus
 from .config import Config
 from .graph import Graph, Tensor
 from .indexform import Expr
-from .model import _build_network
+from .model import build_network
 
 WEIGHTS = {"Q": "W_Q", "K": "W_K", "V": "W_V", "1": "W_1", "2": "W_2"}
 
@@ -53,7 +53,7 @@ class BlockObjects:
             raise ValueError(f"config: the paper's named objects belong to the post-LN block; "
                              f"got kind {config.kind!r}, norm_position {config.norm_position!r}")
         self.graph = Graph()
-        self.X, self.Z, self.params, _ = _build_network(self.graph, config)
+        self.X, self.Z, self.params, _ = build_network(self.graph, config)
         self.forward = list(self.graph.assigns)
         self._tangents: dict[str, calculus.Tangents] = {}
         self._objects: dict[str, NamedObject] = {}

@@ -1,4 +1,4 @@
-"""The size symbols of DESIGN.md §1: sequence length, widths, heads."""
+"""The size symbols: batch, sequence length, widths, heads."""
 
 import sympy as sp
 
@@ -8,3 +8,4 @@ d_k = sp.Symbol("d_k", positive=True, integer=True)
 d_ff = sp.Symbol("d_ff", positive=True, integer=True)
 h = sp.Symbol("h", positive=True, integer=True)      # heads (a config constant)
 d_v = sp.Symbol("d_v", positive=True, integer=True)  # value width per head, d / h
+B = sp.Symbol("B", positive=True, integer=True)    # batch (the generated code's leading axis)

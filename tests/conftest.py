@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from curvgap.codegen.generate import shipped_configs
+from curvgap.codegen.resources import shipped_configs
 from curvgap.derivations.config import load
 
 BACKENDS = ("numpy", "torch")

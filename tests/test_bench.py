@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from curvgap.codegen import cli
+from curvgap import cli
 
 
 def test_quick_bench_writes_finite_results(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import SHIPPED
 
-from curvgap.codegen import cli
+from curvgap import cli
 from curvgap.codegen.generate import (
     CONFIGS,
     GENERATED,

@@ -9,12 +9,12 @@ import pytest
 import sympy as sp
 from conftest import commutation
 
-from curvgap.codegen.lowering import B
 from curvgap.codegen.verify import random_case
 from curvgap.derivations import sizes
 from curvgap.derivations.config import load
 from curvgap.derivations.evaluate import evaluate
 from curvgap.derivations.paper import BlockObjects
+from curvgap.derivations.sizes import B
 from curvgap.generated.numpy import paper_block
 
 DIMS = {"L": 2, "d": 3, "d_k": 2, "d_ff": 4}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from curvgap.codegen import cli
+from curvgap import cli
 
 FIGURES = ("hessian_heatmap.png", "block_norms.png", "scaling.png", "convergence.png")
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from curvgap.codegen.lowering import B
 from curvgap.derivations import sizes
 from curvgap.derivations.config import validate
 from curvgap.derivations.evaluate import evaluate
 from curvgap.derivations.functions import power, x
 from curvgap.derivations.model import derive
+from curvgap.derivations.sizes import B
 
 
 def normalized_rows(X: np.ndarray, norm: str, eps, gamma=None, beta=None) -> list:

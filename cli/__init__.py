@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..codegen.generate import GenerationError, generate, load_configs, stale_files
 from ..derivations.config import ConfigError
-from .generate import GenerationError, generate, load_configs, stale_files
 
 VERIFY_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
 TOLERANCE = 1e-10
@@ -32,7 +32,7 @@ def _load_module(path: Path):
 
 def _verify(paths: list[Path], configs: dict) -> bool:
     """Check each written module against torch.func and print a table."""
-    from .verify import check_module
+    from ..codegen.verify import check_module
 
     print(f"\nverification against torch.func (float64, B = 2, sizes {VERIFY_DIMS}):")
     print(f"  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
@@ -50,9 +50,10 @@ def _verify(paths: list[Path], configs: dict) -> bool:
 
 def _latex(name: str, out: Path, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
+    from ..codegen.backends import LATEX
+    from ..codegen.generate import render
+    from ..codegen.resources import CONFIGS
     from ..derivations.model import derive
-    from .backends import LATEX
-    from .generate import CONFIGS, render
 
     path = Path(name) if name.endswith(".toml") else CONFIGS / f"{name}.toml"
     try:
@@ -83,7 +84,11 @@ def _latex(name: str, out: Path, pdf: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="curvgap", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="curvgap",
+        description="Exact Jacobians and Hessians of Transformer layers: generate the modules "
+                    "and documents, typeset one document, benchmark, reproduce the paper's "
+                    "analyses. `curvgap COMMAND --help` describes each command.")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="derive and write generated modules")
     gen.add_argument("--config", action="append", metavar="FILE",

@@ -1,0 +1,97 @@
+"""The house: imports run only downstream along the pipeline, and never in a circle.
+
+The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
+import itself and the packages before it. ``cli``, ``benchmarks`` and ``analysis`` sit on top
+(they may import anything), and nothing below them imports them. Every import counts, at
+module level or inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
+ON_TOP = ["cli", "benchmarks", "analysis"]
+
+
+def _modules() -> dict[str, Path]:
+    """``curvgap.<package>.<module>`` → its source file, for every package of the toolkit."""
+    found = {}
+    for package in PIPELINE + ON_TOP:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(("curvgap", *parts))] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The toolkit modules that the module ``name`` imports, anywhere in its body."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            stem = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            targets = [f"{stem}.{alias.name}" for alias in node.names] + [stem]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and target != "curvgap":
+                out.add(target)
+    return out
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_the_graph_sees_the_imports():
+    graph = _graph()
+    assert "curvgap.derivations.calculus" in graph["curvgap.derivations.softmax"]
+    assert "curvgap.derivations.model" in graph["curvgap.codegen.lowering"]
+    assert len(graph) > 30
+
+
+def test_imports_run_downstream():
+    upward = []
+    for module, imported in _graph().items():
+        for target in imported:
+            a, b = _layer(module), _layer(target)
+            if a in ON_TOP:
+                continue
+            if b in ON_TOP or PIPELINE.index(b) > PIPELINE.index(a):
+                upward.append(f"{module} imports {target}")
+    assert not upward, "imports against the pipeline:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                cycles.append(" → ".join(stack[stack.index(target):] + [node, target]
+                                         if target in stack else [node, target]))
+            elif target not in state:
+                visit(target, [*stack, node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
