@@ -6,8 +6,8 @@ MSE ``ℓ = ‖Z − T‖_F² / (L·d)`` and its Hessian ``H_i = ∇²_w ℓ`` (
 
 * Theorem 1 (self-attention, ``w = {W_Q, W_K, W_V}``): per block ``(i, j)`` the proof's
   bounds on ``‖H_o(W_i, W_j)‖`` (Gauss–Newton) and ``‖H_f(W_i, W_j)‖`` (functional), their
-  sum on the block, and ``M = 3 max_ij (…)`` on ``‖H_i‖``; main-text and appendix versions
-  (``PAPER_NOTES`` §2.2 and §7.1).
+  sum on the block, and ``M = 3 max_ij (…)`` on ``‖H_i‖``; main-text and appendix (App. B.1)
+  versions.
 * Theorem 6 (the post-LN block, ``w = {W_1, W_2, W_K, W_Q, W_V}``): the per-block bound on
   the output Hessian ``H_tr^(i,j) = ∂²Z/∂W_i∂W_j`` (``(L·d·n_i) × n_j``),
   ``‖J_Z‖‖ξ_ij‖ + ‖B_i‖‖H_Z‖‖B_j‖``, with every factor replaced by its bound from §7.6,

@@ -6,7 +6,7 @@ curvgap block (the generated ``paper_block_eps`` forward: one head, LayerNorm
 ``eps = 1e-5``, ReLU FFN with ``d_ff = 64``, ``d_k = 16``), mean-pooled over tokens and
 mapped to 10 logits, ``logits = mean_L(Z) W_h + b_h``; cross-entropy loss.
 
-Theorem 7 (``PAPER_NOTES`` §4, §7.7): with ``ℓ_i(w)`` the per-sample loss and
+Theorem 7 of the paper: with ``ℓ_i(w)`` the per-sample loss and
 ``L_k(w) = (1/k) Σ_{i≤k} ℓ_i(w)``,
 ``|L_{k+1}(w) − L_k(w)| ≤ (2 ℓ_max + M ‖w − w*‖²) / (k + 1)`` with ``0 ≤ ℓ_i(w*) ≤ ℓ_max``
 and ``‖∇²_w ℓ_i(w*)‖₂ ≤ M``; here ``w`` is the block's parameters

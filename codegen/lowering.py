@@ -1,15 +1,15 @@
 """Lowering: groups of index-form assignments to backend-neutral statements.
 
-Each term of an assignment becomes one einsum. With more than two operands the
-contraction order is computed by opt_einsum (at the nominal sizes of DESIGN.md §7) and
-emitted as a chain of pairwise einsums, so the generated code needs no optimiser of its
-own. Deltas left between free indices select a diagonal of the output (an index
+Each term of an assignment becomes one einsum. With more than two operands the contraction
+order is computed by opt_einsum (at the nominal sizes ``NOMINAL``, the benchmark's headline
+size) and emitted as a chain of pairwise einsums, so the generated code needs no optimiser
+of its own. Deltas left between free indices select a diagonal of the output (an index
 broadcast), and free indices that a term does not carry are broadcast; neither builds an
-identity matrix. Elementwise functions are evaluated once per function and shared, and so
-is every pairwise product: the contraction order counts a product the function already
-has as free. A node is made by its first full product (or as one sum of arrays) and then
-accumulated into, and is laid out row-major. After lowering, terms that share an operand
-are combined (distributivity) and temporaries are freed after their last use.
+identity matrix. Elementwise functions are evaluated once per function and shared, and so is
+every pairwise product: the contraction order counts a product the function already has as
+free. A node is made by its first full product (or as one sum of arrays) and then
+accumulated into, and is laid out row-major. After lowering, terms that share an operand are
+combined (distributivity) and temporaries are freed after their last use.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Single-head self-attention as index-form nodes (DESIGN.md §2, the paper's Sec. 1.3):
+"""Single-head self-attention as index-form nodes (the paper's Sec. 1.3):
 
 ``Q = X W_Q``, ``K = X W_K``, ``V = X W_V``, ``T = Q K^T / sqrt(d_k)``,
 ``A = softmax_row(T)``, ``F = A V``.

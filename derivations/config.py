@@ -1,4 +1,4 @@
-"""The configuration schema (DESIGN.md §5): parsed from TOML as data, validated in full.
+"""The configuration schema: parsed from TOML as data, validated in full.
 
 A config is never evaluated; every value that reaches generated code is checked here
 against a closed set of choices (or, for ``name``, against the rules of a Python

@@ -1,4 +1,4 @@
-"""The position-wise feed-forward network as index-form nodes (DESIGN.md §2):
+"""The position-wise feed-forward network as index-form nodes:
 
 ``H = Y W_1 (+ b_1)``, ``P = act(H)``, ``O = P W_2 (+ b_2)``, row by row, so every
 derivative keeps the per-token independence: a tangent of ``H`` in ``W_1`` is

@@ -94,7 +94,7 @@ def exp() -> ScalarFn:
 
 
 def activation(name: str) -> ScalarFn:
-    """The FFN activations of DESIGN.md §5 as SymPy expressions of :data:`x`."""
+    """The FFN activations a config may name, as SymPy expressions of :data:`x`."""
     expressions = {
         "relu": sp.Max(x, 0),
         "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,

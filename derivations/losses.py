@@ -1,4 +1,4 @@
-"""Per-sample losses of the output ``Z`` (``L×d``) as index-form nodes (DESIGN.md §2).
+"""Per-sample losses of the output ``Z`` (``L×d``) as index-form nodes.
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
 Cross-entropy: the rows of ``Z`` are logits over ``d`` classes and ``T`` is the one-hot

@@ -80,8 +80,9 @@ class Derivation:
 def build_network(g: Graph, config: Config, external: dict | None = None
                    ) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
     """The forward nodes of the configured sublayer: input ``X``, output, parameters in
-    the order of DESIGN.md §2, and runtime guards; ``external`` collects the shapes users
-    pass where they differ from the engine's."""
+    the toolkit's order (``W_Q, W_K, W_V, W_O, W_1, b_1, W_2, b_2, gamma_1, beta_1,
+    gamma_2, beta_2``, those present), and runtime guards; ``external`` collects the shapes
+    users pass where they differ from the engine's."""
     external = {} if external is None else external
     X = g.input("X", (sizes.L, sizes.d))
     if config.kind == "layernorm":

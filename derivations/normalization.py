@@ -1,6 +1,6 @@
 """Row-wise normalisation (LayerNorm, RMSNorm) as index-form nodes.
 
-LayerNorm of row ``i`` of ``U`` (DESIGN.md §2):
+LayerNorm of row ``i`` of ``U``:
 ``mu_i = Σ_j U_ij / d``, ``C_ij = U_ij - mu_i``, ``var_i = Σ_j C_ij² / d``,
 ``r_i = (var_i + eps)^(-1/2)``, ``N_ij = C_ij r_i``, and with ``affine``
 ``out_ij = gamma_j N_ij + beta_j``. RMSNorm drops the centring and ``beta``:

@@ -1,4 +1,4 @@
-"""Generated modules against torch.func in float64 (DESIGN.md §6): every function of the
+"""Generated modules against torch.func in float64: every function of the
 contract, both backends, sizes with L != d and a batch of at least 2."""
 
 from __future__ import annotations

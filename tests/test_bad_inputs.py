@@ -1,5 +1,5 @@
 """Bad calls raise ValueError or TypeError naming the argument, the expectation and what
-was given (DESIGN.md §4)."""
+was given."""
 
 from __future__ import annotations
 

@@ -11,14 +11,13 @@ from conftest import SHIPPED
 
 from curvgap import cli
 from curvgap.codegen.generate import (
-    CONFIGS,
-    GENERATED,
     GenerationError,
     generate,
     render_all,
     split_header,
     write,
 )
+from curvgap.codegen.resources import CONFIGS, GENERATED
 from curvgap.derivations.config import ConfigError
 
 quiet = {"report": lambda line: None}

@@ -95,3 +95,18 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_nothing_shipped_cites_the_teams_notes():
+    """Generated files, sources, docs and the README explain their conventions themselves: a
+    user has no design notes of the team to look them up in."""
+    citing = []
+    for path in sorted(ROOT.rglob("*")):
+        relative = path.relative_to(ROOT)
+        if not path.is_file() or relative.parts[0].startswith(".") or path.suffix not in (
+                ".py", ".jinja", ".md", ".tex", ".toml", ".txt"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "DESIGN" + ".md" in text or "PAPER" + "_NOTES" in text:
+            citing.append(str(relative))
+    assert not citing, f"files citing the team's notes: {citing}"

@@ -1,6 +1,6 @@
-"""Self-attention against Ormaniec et al.'s closed forms as the paper transcribes them
-(PAPER_NOTES.md §2.1), built with explicit Kronecker and commutation matrices at a tiny
-size, and the engine's own symbolic form of the V–V block."""
+"""Self-attention against Ormaniec et al.'s closed forms as the paper transcribes them,
+built with explicit Kronecker and commutation matrices at a tiny size, and the engine's own
+symbolic form of the V–V block."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The paper's printed LayerNorm formulas (Theorem 2 and App. B.2-B.3, as restated in
-PAPER_NOTES.md §3.2, §7.2-7.3), built with explicit Kronecker and commutation matrices at a
+"""The paper's printed LayerNorm formulas (Theorem 2 and App. B.2-B.3), built with explicit Kronecker and commutation matrices at a
 tiny size and compared with the generated code. Where a printed formula is wrong, the test
 shows the counterexample recorded in docs/ERRATA.md."""
 

@@ -1,5 +1,5 @@
 """SymPy proofs: the engine's derived rules equal SymPy's derivatives of the forward
-definitions (DESIGN.md §2), exactly, at every size from 2 to 5.
+definitions, exactly, at every size from 2 to 5.
 
 The engine's expressions are read by the direct evaluator (:mod:`derivations.evaluate`,
 no code generation involved) on symbolic inputs; SymPy differentiates an independent
@@ -21,7 +21,7 @@ from curvgap.derivations.sizes import B
 
 
 def normalized_rows(X: np.ndarray, norm: str, eps, gamma=None, beta=None) -> list:
-    """The forward definition, transcribed from DESIGN.md §2 (row-major entries)."""
+    """The forward definition, transcribed independently (row-major entries)."""
     L, d = X.shape
     out = []
     for i in range(L):
