@@ -44,20 +44,27 @@ class Rendered:
     text: str
 
 
-#: Modules that never shape a generated file (checks, proofs, the CLI), left out of the hash.
-NOT_GENERATING = {"__init__.py", "verify.py", "evaluate.py", "resources.py"}
+#: Engine modules that never shape a generated file (proofs), left out of the hash.
+NOT_GENERATING = {"__init__.py", "evaluate.py"}
+
+
+def hashed_sources(backend: Backend) -> list[Path]:
+    """The files a ``backend``'s output depends on: the engine, the backend's codegen
+    modules and its templates (so a change to one backend leaves the others current)."""
+    engine = [p for p in (PACKAGE_ROOT / "derivations").glob("*.py")
+              if p.name not in NOT_GENERATING]
+    codegen = [PACKAGE_ROOT / "codegen" / name
+               for name in ("generate.py", "backends.py", *backend.modules)]
+    templates = [p for folder in backend.templates for p in (TEMPLATES / folder).glob("*.jinja")]
+    return sorted([*engine, *codegen, *templates])
 
 
 def source_hash(config: Config, backend: Backend) -> str:
-    """SHA-256 of the config, the engine's and codegen's sources and the templates."""
+    """SHA-256 of the config and of :func:`hashed_sources`."""
     digest = hashlib.sha256()
     digest.update(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
     digest.update(backend.name.encode())
-    sources = sorted([*(PACKAGE_ROOT / "derivations").glob("*.py"),
-                      *(PACKAGE_ROOT / "codegen").glob("*.py"),
-                      *TEMPLATES.glob("*/*.jinja")])
-    sources = [path for path in sources if path.name not in NOT_GENERATING]
-    for path in sources:
+    for path in hashed_sources(backend):
         digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -151,3 +151,20 @@ def test_generate_with_verification_writes_modules_and_documents(tmp_path, capsy
     assert {p.relative_to(out).as_posix() for p in out.rglob("*.*")} == {
         "numpy/layernorm.py", "torch/layernorm.py", "latex/layernorm.tex"}
     assert "verification against torch.func" in capsys.readouterr().out
+
+
+def test_each_backend_hashes_its_own_sources():
+    """A change to one backend's template or printer leaves the other backends' files
+    current: each source hash covers the engine and that backend's own files only."""
+    from curvgap.codegen.backends import BACKENDS
+    from curvgap.codegen.generate import hashed_sources
+    from curvgap.codegen.resources import PACKAGE_ROOT
+
+    sources = {b.name: {p.relative_to(PACKAGE_ROOT).as_posix() for p in hashed_sources(b)}
+               for b in BACKENDS}
+    assert "templates/torch/module.py.jinja" in sources["torch"]
+    assert "templates/torch/module.py.jinja" not in sources["numpy"] | sources["latex"]
+    assert "templates/latex/document.tex.jinja" not in sources["numpy"] | sources["torch"]
+    assert "codegen/lowering.py" in sources["numpy"] and "codegen/lowering.py" not in sources["latex"]
+    assert "codegen/document.py" in sources["latex"] and "codegen/document.py" not in sources["torch"]
+    assert "derivations/softmax.py" in sources["numpy"] & sources["torch"] & sources["latex"]
