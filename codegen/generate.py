@@ -94,6 +94,47 @@ def split_header(text: str) -> tuple[dict[str, str], str]:
     return fields, "\n".join(lines[3:])
 
 
+#: What each kind of group computes, by the prefix of its name (``V``, ``W`` the variables).
+_PURPOSES = (
+    ("loss_hessian_full_", "loss-Hessian block ({0}, {1}) whole"),
+    ("loss_hessian_", "loss-Hessian block ({0}, {1}), Gauss–Newton and functional parts"),
+    ("loss_tangent_", "tangents along {0} of the loss nodes"),
+    ("tangent_", "tangents along {0} of the network's nodes"),
+    ("jacobian_", "the Jacobian ∂Z/∂{0}"),
+    ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
+    ("hvp_", "Hessian-vector products in {0}"),
+    ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
+    ("forward", "the forward pass"),
+    ("loss", "the per-sample loss"),
+)
+
+
+def _summary(der: Derivation, group: str, writes: list[str]) -> str:
+    """A one-line docstring: what group ``group`` computes and the shapes it stores."""
+    variables = sorted((v.name for v in der.variables), key=len, reverse=True)
+    for prefix, purpose in _PURPOSES:
+        if group.startswith(prefix):
+            rest, names = group[len(prefix):], []
+            while rest:
+                name = next((v for v in variables if rest.startswith(v)), rest)
+                names.append(name)
+                rest = rest[len(name):].lstrip("_")
+            text = purpose.format(*names, *[""] * 2)
+            break
+
+    def shape(name: str) -> str:
+        tensor = der.graph.tensors[name]
+        dims = ["B"] * tensor.batched + [str(s) for s in tensor.shape]
+        return f"{name} ({', '.join(dims)})" if dims else f"{name} (scalar)"
+
+    if not writes:
+        return f"{text[0].upper()}{text[1:]}: zero, nothing to store."
+    writes = sorted(writes, key=lambda n: der.graph.tensors[n].role != "output")  # results first
+    shown = ", ".join(shape(n) for n in writes[:3])
+    more = f" and {len(writes) - 3} more" if len(writes) > 3 else ""
+    return f"{text[0].upper()}{text[1:]}: stores {shown}{more}."
+
+
 def render(der: Derivation, backend: Backend) -> str:
     """The text of the generated file of ``der`` for ``backend``."""
     if backend is LATEX:
@@ -109,6 +150,7 @@ def render(der: Derivation, backend: Backend) -> str:
     title, description = describe(der.config)
     context = dict(
         title=title, description=description, config_name=der.config.name,
+        summaries={f.group: _summary(der, f.group, f.writes) for f in functions},
         backend=backend.name, loss=der.config.loss,
         params=[(p.name, list(der.external_shapes.get(p.name, [str(s) for s in p.shape])))
                 for p in der.params],

@@ -7,7 +7,7 @@ import ast
 import sys
 
 import pytest
-from conftest import SHIPPED
+from conftest import SHIPPED, generated_module
 
 from curvgap import cli
 from curvgap.codegen.generate import (
@@ -168,3 +168,21 @@ def test_each_backend_hashes_its_own_sources():
     assert "codegen/lowering.py" in sources["numpy"] and "codegen/lowering.py" not in sources["latex"]
     assert "codegen/document.py" in sources["latex"] and "codegen/document.py" not in sources["torch"]
     assert "derivations/softmax.py" in sources["numpy"] & sources["torch"] & sources["latex"]
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED.glob("*/*.py")), ids=lambda p: p.name)
+def test_every_generated_derived_function_says_what_it_stores(path):
+    """Each function of a generated module's derived groups has a one-line docstring naming
+    what it computes and the shapes it stores."""
+    import ast
+
+    if path.name == "__init__.py":
+        return
+    tree = ast.parse(path.read_text())
+    names = {f"_{group}" for group in generated_module(path.stem, path.parent.name)._GROUPS}
+    groups = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in names]
+    assert len(groups) == len(names) >= 4
+    for function in groups:
+        doc = ast.get_docstring(function)
+        assert doc and "\n" not in doc, function.name
+        assert "stores" in doc or "nothing to store" in doc, (function.name, doc)
