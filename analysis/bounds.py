@@ -42,12 +42,12 @@ import torch
 from ..derivations import calculus, sizes
 from ..derivations.evaluate import evaluate
 from ..derivations.graph import Graph
+from ..derivations.paper import WEIGHTS
 from ..derivations.softmax import softmax_rows
 from ..generated.torch import layernorm, paper_block, self_attention
 from .spectra import block_slices, hessian_norm, spectral_norm, symmetric_spectral_norm
 
-#: The paper's names of the block's parameters, in the generated modules' order.
-BLOCK_NAMES = {"Q": "W_Q", "K": "W_K", "V": "W_V", "1": "W_1", "2": "W_2"}
+#: The short names of the attention weights (WEIGHTS maps short names to parameters).
 ATTENTION = ("Q", "K", "V")
 SIGMA_MIN_READINGS = ("printed", "std")
 
@@ -269,7 +269,7 @@ def theorem6_bounds(params: dict, X: torch.Tensor, target: torch.Tensor,
     L, d = X.shape
     d_k, d_ff = params["W_Q"].shape[1], params["W_1"].shape[1]
     fwd = block_forward(params, X)
-    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[BLOCK_NAMES[k]])
+    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[WEIGHTS[k]])
                                        for k in ("Q", "K", "V", "1", "2")}}
     n1, n2 = norms["1"], norms["2"]
     norm_y = math.sqrt(L * d)                                          # Prop. 8.3
@@ -308,7 +308,7 @@ def theorem6(params: dict, X: torch.Tensor, target: torch.Tensor,
         true["M_tr ≥ ‖H‖"] = symmetric_spectral_norm(H)
         slices = block_slices(paper_block, params)
         for i, j in every[readings[0]].H_tr:
-            a, b = BLOCK_NAMES[i], BLOCK_NAMES[j]
+            a, b = WEIGHTS[i], WEIGHTS[j]
             true[f"H_tr({i},{j})"] = spectral_norm(paper_block.output_hessian(params, X, a, b))
             true[f"H({i},{j})"] = spectral_norm(H[slices[a], slices[b]])
     checks = []
@@ -343,18 +343,18 @@ def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
     L, d = X.shape
     d_k, d_ff = params["W_Q"].shape[1], params["W_1"].shape[1]
     attention = _attention_params(params)
-    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[BLOCK_NAMES[k]])
+    norms = {"X": spectral_norm(X), **{k: spectral_norm(params[WEIGHTS[k]])
                                        for k in ("Q", "K", "V", "1", "2")}}
     scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / math.sqrt(d_k)
     softmax_jacobian = spectral_norm(softmax_jacobian_of(scores))
     checks = [Check("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", 1 / L, softmax_jacobian)]
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
     for k in ATTENTION:
-        true = spectral_norm(self_attention.jacobian(attention, X, BLOCK_NAMES[k]))
+        true = spectral_norm(self_attention.jacobian(attention, X, WEIGHTS[k]))
         checks.append(Check("§7.6 Gk_bounds", f"‖G_{k}‖", G[k], true))
     for (k, m), value in Phi.items():
-        true = spectral_norm(self_attention.output_hessian(attention, X, BLOCK_NAMES[k],
-                                                           BLOCK_NAMES[m]))
+        true = spectral_norm(self_attention.output_hessian(attention, X, WEIGHTS[k],
+                                                           WEIGHTS[m]))
         if value > 0 or true > 0:
             checks.append(Check("§7.6 Φ bounds", f"‖Φ_{k}{m}‖", value, true))
     fwd = block_forward(params, X)

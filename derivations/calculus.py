@@ -43,6 +43,11 @@ class Tangents:
     #: which their second-order rules reuse
     centred: dict[str, Expr] = field(default_factory=dict)
 
+    def of(self, tensor: Tensor) -> Expr:
+        """The tangent of ``tensor`` (zero, over the right indices, when it has none)."""
+        expr = self.by_name.get(tensor.name)
+        return expr if expr is not None else Expr([], tensor.indices + self.indices)
+
 
 def instantiate(graph: Graph, expr: Expr, mapping: dict[Index, Index]) -> list[Term]:
     """The terms of ``expr`` with free indices renamed by ``mapping`` and summed indices

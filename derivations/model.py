@@ -168,7 +168,7 @@ def derive(config: Config) -> Derivation:
         with der.add_group(f"tangent_{v}", ("forward",)):
             tangents[v] = calculus.propagate(g, forward, calculus.seed(g, var), v)
         with der.add_group(f"jacobian_{v}", (f"tangent_{v}",)):
-            der.jacobian[v] = g.output(f"jacobian_{v}", _tangent_of(tangents[v], Z)).name
+            der.jacobian[v] = g.output(f"jacobian_{v}", tangents[v].of(Z)).name
         with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}")):
             calculus.propagate(g, loss, tangents[v], v)
         for kind in ("tangent", "jacobian", "loss_tangent"):
@@ -184,7 +184,7 @@ def derive(config: Config) -> Derivation:
                 both = calculus.propagate_second(g, forward, tangents[v], tangents[w],
                                                  renamed, f"{v}{w}")
                 der.output_hessian[v, w] = g.output(f"output_hessian_{v}_{w}",
-                                                    _tangent_of(both, Z)).name
+                                                    both.of(Z)).name
 
     with der.add_group("adjoints", ("loss",)):
         seed = Expr([Term(sp.Integer(1))]).with_free(())
@@ -235,13 +235,6 @@ def derive(config: Config) -> Derivation:
                 der.hvp[var.name] = g.output(f"hvp_{var.name}", hv,
                                              mean_over_batch=var is not X).name
     return der
-
-
-def _tangent_of(tangents: calculus.Tangents, tensor: Tensor) -> Expr:
-    expr = tangents.by_name.get(tensor.name)
-    if expr is None:
-        return Expr([], tensor.indices + tangents.indices)
-    return expr
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

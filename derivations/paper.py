@@ -32,6 +32,7 @@ from .graph import Graph, Tensor
 from .indexform import Expr
 from .model import build_network
 
+#: The paper's short names of the block's weights, and their parameters.
 WEIGHTS = {"Q": "W_Q", "K": "W_K", "V": "W_V", "1": "W_1", "2": "W_2"}
 
 
@@ -74,7 +75,7 @@ class BlockObjects:
 
     def _jacobian(self, name: str, of: str, wrt: str) -> NamedObject:
         tangents = self._first(wrt)
-        return NamedObject(name, _or_zero(tangents, self.tensor(of)), self._size(of),
+        return NamedObject(name, tangents.of(self.tensor(of)), self._size(of),
                            self._size(wrt))
 
     def _second(self, name: str, of: str, first: str, second: str) -> NamedObject:
@@ -83,7 +84,7 @@ class BlockObjects:
         with self.graph.group(f"paper_{first}_{second}"):
             both = calculus.propagate_second(self.graph, self.forward, a, b, renamed,
                                              f"paper_{first}{second}")
-        return NamedObject(name, _or_zero(both, self.tensor(of)),
+        return NamedObject(name, both.of(self.tensor(of)),
                            self._size(of) * self._size(first), self._size(second))
 
     def get(self, name: str) -> NamedObject:
@@ -114,7 +115,3 @@ class BlockObjects:
         raise ValueError(f"name: expected J_Z, H_Z, J_Y, J_SY, G_k, B_i, xi_ij or H_tr_ij "
                          f"with i, j in Q K V 1 2 (k in Q K V), got {name!r}")
 
-
-def _or_zero(tangents: calculus.Tangents, tensor: Tensor) -> Expr:
-    expr = tangents.by_name.get(tensor.name)
-    return expr if expr is not None else Expr([], tensor.indices + tangents.indices)
