@@ -212,7 +212,7 @@ def relative_error(value, reference: torch.Tensor, scale: torch.Tensor | None = 
     return error / size if size > 0 else error
 
 
-def _largest(arrays) -> torch.Tensor:
+def largest_entry(arrays) -> torch.Tensor:
     """A scalar tensor: the largest ``|entry|`` of all ``arrays``."""
     return torch.stack([a.detach().abs().max() for a in arrays if a.numel()]).max()
 
@@ -239,11 +239,11 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
     # each block against the whole quantity it is a block of: a block that is zero in exact
     # arithmetic (a key bias, a saturated softmax) is not measured against its own rounding
     jacobians = {v: ref.jacobian(v) for v in variables}
-    scale = _largest(jacobians.values())
+    scale = largest_entry(jacobians.values())
     for v in variables:
         errors[f"jacobian[{v}]"] = relative_error(module.jacobian(P, Xb, v), jacobians[v], scale)
     second = {(v, w): ref.output_hessian(v, w) for v in variables for w in variables}
-    scale = _largest(second.values())
+    scale = largest_entry(second.values())
     for (v, w), reference in second.items():
         errors[f"output_hessian[{v},{w}]"] = relative_error(
             module.output_hessian(P, Xb, v, w), reference, scale)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.func import hessian, jacrev, vmap
 
-from curvgap.codegen.verify import random_case, reference_loss, reference_output
+from curvgap.codegen.verify import largest_entry, random_case, reference_loss, reference_output
 from curvgap.derivations.config import Config
 
 DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}
@@ -272,9 +272,8 @@ def scales_for(results: dict) -> dict[str, torch.Tensor]:
     of (all Jacobians, all output-Hessian blocks, the whole loss Hessian), so that a block
     that is zero in exact arithmetic is not measured against its own rounding."""
     def largest(prefix):
-        sizes = [v.detach().abs().max() for k, v in results.items()
-                 if k.startswith(prefix) and v.numel()]
-        return torch.stack(sizes).max() if sizes else None
+        arrays = [v for k, v in results.items() if k.startswith(prefix) and v.numel()]
+        return largest_entry(arrays) if arrays else None
 
     jacobians, output_hessians = largest("jacobian["), largest("output_hessian[")
     out = {}
