@@ -13,6 +13,7 @@ from types import ModuleType
 import torch
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
+from ..codegen import backends
 from ..codegen.verify import reference_loss, reference_output
 from ..derivations.config import Config
 
@@ -35,27 +36,31 @@ class ReferenceModel(torch.nn.Module):
 class Routes:
     """Callables for one case: ``params``, input ``X``, ``target`` and direction ``v``."""
 
-    def __init__(self, config: Config, torch_module: ModuleType, numpy_module: ModuleType,
-                 params: dict, X: torch.Tensor, target: torch.Tensor, v: torch.Tensor) -> None:
+    def __init__(self, config: Config, modules: dict[str, ModuleType], params: dict,
+                 X: torch.Tensor, target: torch.Tensor, v: torch.Tensor) -> None:
         self.config, self.params, self.X, self.target, self.v = config, params, X, target, v
-        self.torch_module, self.numpy_module = torch_module, numpy_module
-        self.numpy_args = ({k: t.numpy() for k, t in params.items()}, X.numpy(),
-                           target.numpy())
-        self.names = [name for name, _ in torch_module.PARAMS]
+        self.modules = modules  # backend name -> generated module
+        self.names = [name for name, _ in modules["torch"].PARAMS]
         self.model = ReferenceModel(config, params)
 
     # -- curvgap ------------------------------------------------------------------------
     def curvgap(self, backend: str, function: str, **kwargs) -> Callable:
-        if backend == "torch":
-            module, args = self.torch_module, (self.params, self.X, self.target)
-        else:
-            module, args = self.numpy_module, self.numpy_args
+        """The generated module of ``backend`` computing ``function`` on this case (its
+        arguments converted beforehand)."""
+        module, convert = self.modules[backend], backends.backend(backend).from_torch
+        args = ({k: convert(t) for k, t in self.params.items()}, convert(self.X),
+                convert(self.target))
         if function == "jacobian":
             return lambda: [module.jacobian(args[0], args[1], name) for name in self.names]
         if function == "hvp":
-            v = self.v if backend == "torch" else self.v.numpy()
+            v = convert(self.v)
             return lambda: module.hvp(*args, v)
         return lambda: module.loss_hessian(*args, **kwargs)
+
+    def curvgaps(self, function: str, **kwargs) -> dict[str, Callable]:
+        """:meth:`curvgap` for every module backend, named ``curvgap <backend>``."""
+        return {f"curvgap {name}": self.curvgap(name, function, **kwargs)
+                for name in self.modules}
 
     # -- torch.func -----------------------------------------------------------------------
     def _batch_loss(self, params: dict) -> torch.Tensor:

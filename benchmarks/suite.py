@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..codegen.backends import MODULE_BACKENDS
 from ..codegen.generate import render_all
 from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
@@ -92,15 +93,17 @@ class Runner:
     def __init__(self, config_name: str, repeats: int, rounds: int = 1,
                  report: Callable[[str], None] = print):
         self.config = load(CONFIGS / f"{config_name}.toml")
-        self.torch_module = importlib.import_module(f"curvgap.generated.torch.{config_name}")
-        self.numpy_module = importlib.import_module(f"curvgap.generated.numpy.{config_name}")
+        self.modules = {b.name: importlib.import_module(f"curvgap.generated.{b.name}."
+                                                        f"{config_name}")
+                        for b in MODULE_BACKENDS}
         self.repeats, self.rounds, self.report, self.results = repeats, rounds, report, []
 
     def routes(self, dims: dict, batch: int, dtype: torch.dtype) -> Routes:
-        params, X, target = random_case(self.torch_module, dims, batch, seed=0, dtype=dtype)
+        params, X, target = random_case(self.modules["torch"], dims, batch, seed=0,
+                                        dtype=dtype)
         n = sum(p.numel() for p in params.values())
         v = torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=dtype)
-        return Routes(self.config, self.torch_module, self.numpy_module, params, X, target, v)
+        return Routes(self.config, self.modules, params, X, target, v)
 
     def case(self, quantity: str, size: dict, candidates: dict[str, Callable | None],
              autograd: list[str]) -> dict:
@@ -135,59 +138,10 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
     report(f"curvgap bench: {config_name}, {'quick' if quick else 'full'} run, "
            f"median of at least {repeats} runs after a warm-up, median of {rounds} rounds")
     report(f"  machine: {machine()}")
-    for dtype in (torch.float64, torch.float32):
-        label = {**headline, "B": batch, "dtype": str(dtype).removeprefix("torch.")}
-        report(f"  headline size {label}")
-        r = runner.routes(headline, batch, dtype)
-        check = agreement(r)
-        report(f"    agreement with torch.func (max rel. difference): {check}")
-        runner.results.append({"quantity": "agreement", "size": label, "relative": check})
-        runner.case("loss_hessian (full)", label, {
-            "curvgap torch": r.curvgap("torch", "loss_hessian"),
-            "curvgap numpy": r.curvgap("numpy", "loss_hessian"),
-            "torch.func.hessian (batch)": r.hessian_batch(),
-            "torch.func.hessian per sample": r.hessian_per_sample(),
-            "curvlinops dense": _optional(r.curvlinops_dense),
-        }, ["torch.func.hessian (batch)", "torch.func.hessian per sample", "curvlinops dense"])
-        for pair in (["W_V"], ["W_1", "W_2"]):
-            if not set(pair) <= set(r.names):
-                continue
-            runner.case(f"block {'-'.join(pair) if len(pair) > 1 else pair[0] + '-' + pair[0]}",
-                        label, {
-                "curvgap torch": r.curvgap("torch", "loss_hessian", wrt=pair),
-                "curvgap numpy": r.curvgap("numpy", "loss_hessian", wrt=pair),
-                "torch.func.hessian (batch)": r.hessian_batch(pair),
-            }, ["torch.func.hessian (batch)"])
-        runner.case("jacobian (all params)", label, {
-            # first, so that it meets the allocator as the generated code does
-            "write floor (allocate + fill)": r.write_floor(),
-            "curvgap torch": r.curvgap("torch", "jacobian"),
-            "curvgap numpy": r.curvgap("numpy", "jacobian"),
-            "vmap(jacrev)": r.jacobian("jacrev"),
-            "vmap(jacfwd)": r.jacobian("jacfwd"),
-        }, ["vmap(jacrev)", "vmap(jacfwd)"])
-        runner.case("hvp", label, {
-            "curvgap torch": r.curvgap("torch", "hvp"),
-            "curvgap numpy": r.curvgap("numpy", "hvp"),
-            "jvp of grad": r.hvp_jvp_of_grad(),
-            "double backward": r.hvp_double_backward(),
-            "curvlinops matvec": _optional(r.curvlinops_matvec),
-        }, ["jvp of grad", "double backward", "curvlinops matvec"])
-        if quick:
-            break
+    for dtype in (torch.float64,) if quick else (torch.float64, torch.float32):
+        _headline(runner, headline, batch, dtype)
     if not quick:
-        dims, mnist_batch = MNIST
-        label = {**dims, "B": mnist_batch, "dtype": "float64"}
-        report(f"  the paper's MNIST setting {label}")
-        r = runner.routes(dims, mnist_batch, torch.float64)
-        # torch.func.hessian of the batch loss, or of all samples in one vmap, needs more than
-        # this machine's 23 GiB here (killed by the kernel); 8 samples at a time fit
-        report("    (torch.func.hessian of the batch loss is left out: it runs out of memory)")
-        runner.case("loss_hessian (full), MNIST", label, {
-            "curvgap torch": r.curvgap("torch", "loss_hessian"),
-            "curvgap numpy": r.curvgap("numpy", "loss_hessian"),
-            "torch.func.hessian per sample (8 at a time)": r.hessian_per_sample(chunk=8),
-        }, ["torch.func.hessian per sample (8 at a time)"])
+        _mnist(runner)
     memory = _peak_memory(runner, headline, batch)
     report(f"  peak memory of numpy loss_hessian: {memory['peak_bytes'] / 2**20:.1f} MiB "
            f"= {memory['ratio_to_output']:.2f} x its output")
@@ -206,6 +160,56 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
         report(f"  wrote {out / 'bench.json'} and {out / 'bench.png'}")
     _print_table(runner.results, report)
     return results
+
+
+def _headline(runner: Runner, dims: dict, batch: int, dtype: torch.dtype) -> None:
+    """Agreement with torch.func, then every quantity at the headline size in ``dtype``."""
+    label = {**dims, "B": batch, "dtype": str(dtype).removeprefix("torch.")}
+    runner.report(f"  headline size {label}")
+    r = runner.routes(dims, batch, dtype)
+    check = agreement(r)
+    runner.report(f"    agreement with torch.func (max rel. difference): {check}")
+    runner.results.append({"quantity": "agreement", "size": label, "relative": check})
+    runner.case("loss_hessian (full)", label, {
+        **r.curvgaps("loss_hessian"),
+        "torch.func.hessian (batch)": r.hessian_batch(),
+        "torch.func.hessian per sample": r.hessian_per_sample(),
+        "curvlinops dense": _optional(r.curvlinops_dense),
+    }, ["torch.func.hessian (batch)", "torch.func.hessian per sample", "curvlinops dense"])
+    for pair in (["W_V"], ["W_1", "W_2"]):
+        if set(pair) <= set(r.names):
+            runner.case(f"block {'-'.join(pair) if len(pair) > 1 else pair[0] + '-' + pair[0]}",
+                        label, {**r.curvgaps("loss_hessian", wrt=pair),
+                                "torch.func.hessian (batch)": r.hessian_batch(pair)},
+                        ["torch.func.hessian (batch)"])
+    runner.case("jacobian (all params)", label, {
+        # first, so that it meets the allocator as the generated code does
+        "write floor (allocate + fill)": r.write_floor(),
+        **r.curvgaps("jacobian"),
+        "vmap(jacrev)": r.jacobian("jacrev"),
+        "vmap(jacfwd)": r.jacobian("jacfwd"),
+    }, ["vmap(jacrev)", "vmap(jacfwd)"])
+    runner.case("hvp", label, {
+        **r.curvgaps("hvp"),
+        "jvp of grad": r.hvp_jvp_of_grad(),
+        "double backward": r.hvp_double_backward(),
+        "curvlinops matvec": _optional(r.curvlinops_matvec),
+    }, ["jvp of grad", "double backward", "curvlinops matvec"])
+
+
+def _mnist(runner: Runner) -> None:
+    """The full loss Hessian at the paper's MNIST setting."""
+    dims, batch = MNIST
+    label = {**dims, "B": batch, "dtype": "float64"}
+    runner.report(f"  the paper's MNIST setting {label}")
+    r = runner.routes(dims, batch, torch.float64)
+    # torch.func.hessian of the batch loss, or of all samples in one vmap, needs more than
+    # this machine's 23 GiB here (killed by the kernel); 8 samples at a time fit
+    runner.report("    (torch.func.hessian of the batch loss is left out: it runs out of memory)")
+    runner.case("loss_hessian (full), MNIST", label, {
+        **r.curvgaps("loss_hessian"),
+        "torch.func.hessian per sample (8 at a time)": r.hessian_per_sample(chunk=8),
+    }, ["torch.func.hessian per sample (8 at a time)"])
 
 
 def _optional(make: Callable) -> Callable | None:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..codegen.backends import backend
 from ..codegen.generate import GenerationError, generate, load_configs, stale_files
 from ..derivations.config import ConfigError
 
@@ -50,7 +51,7 @@ def _verify(paths: list[Path], configs: dict) -> bool:
 
 def _latex(name: str, out: Path, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
-    from ..codegen.backends import LATEX
+    from ..codegen.backends import latex
     from ..codegen.generate import render
     from ..codegen.resources import CONFIGS
     from ..derivations.model import derive
@@ -64,7 +65,7 @@ def _latex(name: str, out: Path, pdf: bool) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     tex = out / f"{config.name}.tex"
-    tex.write_text(render(derive(config), LATEX))
+    tex.write_text(render(derive(config), latex.BACKEND))
     print(f"wrote {tex}")
     if not pdf:
         return 0
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {path}")
         if not args.no_verify:
             configs = {c.name: c for c in load_configs(args.config)}
-            if not _verify([p for p in written if p.suffix == ".py"], configs):
+            modules = [p for p in written if backend(p.parent.name).writes_modules]
+            if not _verify(modules, configs):
                 print("verification FAILED", file=sys.stderr)
                 return 1
         return 0

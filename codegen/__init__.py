@@ -1,1 +1,2 @@
-"""Lowering of derived expressions to numpy and PyTorch code, and the CLI."""
+"""From derivations to files: lowering to array programs, the backends that print them,
+hashed and atomic generation, and the numerical verification of generated modules."""

@@ -18,6 +18,7 @@ from torch.func import hessian, jacrev, vmap
 
 from ..derivations import losses
 from ..derivations.config import Config
+from . import backends
 
 
 def _normalize(config: Config, U: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
@@ -225,12 +226,7 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
     params, X, target = random_case(module, dims, batch, seed)
     X = X * input_scale
     ref = Reference(config, module, params, X, target)
-    if backend == "numpy":
-        def conv(t):
-            return t.numpy()
-    else:
-        def conv(t):
-            return t
+    conv = backends.backend(backend).from_torch
     P, Xb, Tb = {k: conv(v) for k, v in params.items()}, conv(X), conv(target)
     names = [name for name, _ in module.PARAMS]
     variables = [*names, "X"]

@@ -1,4 +1,4 @@
-"""Shared fixtures: the shipped configs and their generated modules, both backends."""
+"""Shared fixtures: the shipped configs and their generated modules, every module backend."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from curvgap.codegen.backends import MODULE_BACKENDS
+from curvgap.codegen.backends import backend as backend_named
 from curvgap.codegen.resources import shipped_configs
 from curvgap.derivations.config import load
 
-BACKENDS = ("numpy", "torch")
+BACKENDS = tuple(b.name for b in MODULE_BACKENDS)
 SHIPPED = {path.stem: load(path) for path in shipped_configs()}
 
 
@@ -23,7 +25,7 @@ def to_backend(backend: str, value):
     """A float64 torch tensor as the backend's array type."""
     if isinstance(value, dict):
         return {k: to_backend(backend, v) for k, v in value.items()}
-    return value.numpy() if backend == "numpy" else value
+    return backend_named(backend).from_torch(value)
 
 
 def as_numpy(value) -> np.ndarray:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
 
 from curvgap.codegen import calls
+from curvgap.codegen.backends import MODULE_BACKENDS
 from curvgap.codegen.ir import Contract
-from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
 
 SIZES = {"b": 3, "a": 4, "c": 5, "d": 2, "e": 6, "f": 7, "g": 8}
 
@@ -52,10 +54,12 @@ def test_printed_call_equals_einsum(spec, kind):
     arrays = [rng.standard_normal([SIZES[c] for c in s]) for s in inputs]
     names = tuple(f"x{k}" for k in range(len(arrays)))
     expected = np.einsum(spec, *arrays)
-    for printer, wrap in ((NumpyPrinter(), np.asarray), (TorchPrinter(), torch.from_numpy)):
+    for backend in MODULE_BACKENDS:
+        printer = backend.printer()
         for row_major in (False, True):
             line = printer.statement(Contract("out", spec, names, row_major))
-            scope = {"np": np, "torch": torch, **{n: wrap(a) for n, a in zip(names, arrays)}}
+            scope = {printer.module: importlib.import_module(backend.array_module),
+                     **{n: backend.from_torch(torch.from_numpy(a)) for n, a in zip(names, arrays)}}
             exec(line, scope)  # noqa: S102 - a generated line of our own printer
             result = np.asarray(scope["out"])
             np.testing.assert_allclose(result, expected, rtol=1e-14, atol=1e-14)

@@ -166,7 +166,9 @@ def test_each_backend_hashes_its_own_sources():
     assert "templates/torch/module.py.jinja" not in sources["numpy"] | sources["latex"]
     assert "templates/latex/document.tex.jinja" not in sources["numpy"] | sources["torch"]
     assert "codegen/lowering.py" in sources["numpy"] and "codegen/lowering.py" not in sources["latex"]
-    assert "codegen/document.py" in sources["latex"] and "codegen/document.py" not in sources["torch"]
+    latex_only = "codegen/backends/latex/document.py"
+    assert latex_only in sources["latex"] and latex_only not in sources["torch"]
+    assert "codegen/backends/numpy/printer.py" not in sources["torch"] | sources["latex"]
     assert "derivations/softmax.py" in sources["numpy"] & sources["torch"] & sources["latex"]
 
 
@@ -186,3 +188,21 @@ def test_every_generated_derived_function_says_what_it_stores(path):
         doc = ast.get_docstring(function)
         assert doc and "\n" not in doc, function.name
         assert "stores" in doc or "nothing to store" in doc, (function.name, doc)
+
+
+def test_every_backend_is_one_package_with_its_templates_and_files():
+    """Each registered backend is the package ``codegen/backends/<name>/`` (its printer and
+    config), has its templates folder, and wrote one file per shipped config."""
+    import importlib
+
+    from curvgap.codegen.backends import BACKENDS
+    from curvgap.codegen.resources import PACKAGE_ROOT, TEMPLATES, shipped_configs
+
+    for b in BACKENDS:
+        package = importlib.import_module(f"curvgap.codegen.backends.{b.name}")
+        assert package.BACKEND is b
+        assert (PACKAGE_ROOT / "codegen" / "backends" / b.name / "printer.py").is_file()
+        assert all((TEMPLATES / folder).is_dir() for folder in b.templates)
+        assert (TEMPLATES / b.templates[0] / b.template).is_file()
+        written = {p.stem for p in (GENERATED / b.name).glob(f"*{b.suffix}")} - {"__init__"}
+        assert written == {p.stem for p in shipped_configs()}, b.name

@@ -12,10 +12,10 @@ import torch
 from conftest import SHIPPED, as_numpy, generated_module, to_backend
 
 from curvgap.cli import main
-from curvgap.codegen.backends import LATEX
-from curvgap.codegen.document import Builder, _notation, document
+from curvgap.codegen.backends.latex import BACKEND as LATEX
+from curvgap.codegen.backends.latex import document, latex
+from curvgap.codegen.backends.latex.document import Builder, _notation
 from curvgap.codegen.generate import render
-from curvgap.codegen.latex import latex
 from curvgap.codegen.resources import GENERATED
 from curvgap.derivations import evaluate, matrixform, sizes
 from curvgap.derivations.model import derive

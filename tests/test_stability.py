@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import sympy as sp
 import torch
-from conftest import BACKENDS, SHIPPED, generated_module
+from conftest import BACKENDS, SHIPPED, backend_named, generated_module
 from stability import DTYPES, SCALES, SHIFTS, Autograd, bound, make_case, measure
 
-from curvgap.codegen.printers import NumpyPrinter, TorchPrinter
 from curvgap.codegen.verify import ACTIVATIONS
 from curvgap.derivations.functions import activation, sigmoid, softplus, x
 
@@ -84,7 +83,6 @@ def test_saturated_attention_at_a_wider_size(scale):
 # -- elementwise functions at large arguments -------------------------------------------------
 
 ARGUMENTS = np.concatenate([-np.logspace(3, -3, 121), [0.0], np.logspace(-3, 3, 121)])
-PRINTERS = {"numpy": NumpyPrinter, "torch": TorchPrinter}
 
 
 def _exact(expr: sp.Expr) -> np.ndarray:
@@ -99,15 +97,17 @@ def _exact(expr: sp.Expr) -> np.ndarray:
 def _printed(expr: sp.Expr, backend: str, dtype: torch.dtype) -> np.ndarray:
     """``expr`` printed as the generated code prints it, run at ``ARGUMENTS`` in ``dtype``."""
     module = importlib.import_module(f"curvgap.generated.{backend}.ffn")
-    code = PRINTERS[backend]()._print(expr.subs(x, sp.Symbol("H")))
-    H = torch.tensor(ARGUMENTS, dtype=dtype)
-    names = {"np": np, "torch": torch, "H": H.numpy() if backend == "numpy" else H}
+    config = backend_named(backend)
+    printer = config.printer()
+    code = printer._print(expr.subs(x, sp.Symbol("H")))
+    H = config.from_torch(torch.tensor(ARGUMENTS, dtype=dtype))
+    names = {printer.module: importlib.import_module(config.array_module), "H": H}
     names |= {k: getattr(module, k) for k in ("_sech", "_sigmoid", "_softplus", "_erf")
               if hasattr(module, k)}
     with np.errstate(over="raise", divide="raise", invalid="raise"):
         value = eval(code, names)  # printed by our printer from our own expression
-    return np.asarray(torch.as_tensor(np.asarray(value) if backend == "numpy" else value)
-                      .to(torch.float64).broadcast_to((len(ARGUMENTS),)))
+    value = value.to(torch.float64) if isinstance(value, torch.Tensor) else value
+    return np.broadcast_to(np.asarray(value, dtype=np.float64), (len(ARGUMENTS),))
 
 
 def _autograd(name: str, order: int, dtype: torch.dtype) -> np.ndarray:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
 
-from ..derivations import matrixform as mf
-from ..derivations.functions import ScalarFn
-from ..derivations.functions import x as fn_variable
-from ..derivations.indexform import Apply, Delta, Expr, Index, Ref, Term
+from ....derivations import matrixform as mf
+from ....derivations.functions import ScalarFn
+from ....derivations.functions import x as fn_variable
+from ....derivations.indexform import Apply, Delta, Expr, Index, Ref, Term
 
 GREEK = {"mu": r"\mu", "gamma": r"\gamma", "beta": r"\beta", "ell": r"\ell", "sigma": r"\sigma"}
 LETTERS = {"rows": "ijklmn", "first": "pqu", "second": "rtv", "summed": "abcefgh"}

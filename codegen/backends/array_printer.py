@@ -1,8 +1,10 @@
-"""Backend printers: SymPy ``Printer`` subclasses, one ``_print_<Node>`` per node type.
+"""What the array backends' printers share: a SymPy ``Printer``, one ``_print_<Node>`` per
+node type.
 
 Scalar expressions (elementwise functions, coefficients in the sizes) print through
 SymPy's Python code printer with the array module's functions; the statements of
-:mod:`codegen.ir` print as one line of array code each.
+:mod:`codegen.ir` print as one line of array code each. A backend's printer names its array
+module and spells its axis arguments, permutations and transposes.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
-from . import calls, ir
+from .. import calls, ir
 
 #: Size symbols: scalars at run time (Python ints), printed with ``**``.
 SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v"}
@@ -196,79 +198,3 @@ for _name in PythonCodePrinter._kc:
 for _name in ARRAY_FUNCTIONS:
     setattr(ArrayPrinter, f"_print_{_name}",
             lambda self, expr, _name=_name: self._call(_name, expr))
-
-
-class NumpyPrinter(ArrayPrinter):
-    module = "np"
-
-    def _print_Max(self, expr: sp.Max) -> str:
-        return f"np.maximum({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_erf(self, expr: sp.Function) -> str:
-        return f"_erf({self._print(expr.args[0])})"
-
-    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
-        # the indicator of x > 0: the almost-everywhere derivative of max(x, 0)
-        arg = self._print(expr.args[0])
-        return f"({arg} > 0).astype({arg}.dtype)"
-
-    axis_keyword = "axis"
-
-    def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
-        # optimize=True lets numpy hand a pairwise contraction to BLAS (tensordot)
-        optimize = ", optimize=True" if len(operands) > 1 else ""
-        return f'np.einsum("{spec}", {", ".join(operands)}{optimize})'
-
-    def transposed(self, name: str) -> str:
-        return f"np.swapaxes({name}, -1, -2)"
-
-    def permuted(self, name: str, axes: tuple[int, ...], copy: bool) -> str:
-        view = f"{name}.transpose{axes}"
-        return self.row_major(view) if copy else view
-
-    def row_major(self, value: str) -> str:
-        return f"np.ascontiguousarray({value})"
-
-    def _print_RowMax(self, node: ir.RowMax) -> str:
-        return f"{node.result} = {node.source}.max(axis=-1)"
-
-    def tied(self, target: str, spec: str) -> str:
-        # numpy's einsum returns a writeable view for a pure diagonal selection
-        return f'np.einsum("{spec}", {target})'
-
-
-class TorchPrinter(ArrayPrinter):
-    module = "torch"
-    axis_keyword = "dim"
-
-    def transposed(self, name: str) -> str:
-        return f"{name}.mT"
-
-    def permuted(self, name: str, axes: tuple[int, ...], copy: bool) -> str:
-        view = f"{name}.permute{axes}"
-        return self.row_major(view) if copy else view
-
-    def row_major(self, value: str) -> str:
-        simple = " " not in value or value.startswith("torch.einsum(")
-        return f"{value}.contiguous()" if simple else f"({value}).contiguous()"
-
-    def add_scaled(self, target: str, tie: str | None, value: str | None,
-                   coeff: sp.Expr) -> str:
-        if value is None or coeff == 1:
-            return super().add_scaled(target, tie, value, coeff)
-        # one fused kernel instead of a scaled temporary and an addition
-        return f"{target}.add_({value}, alpha={self.coefficient(coeff)})"
-
-    def _print_Max(self, expr: sp.Max) -> str:
-        arg, floor = (a for a in expr.args if a != 0), 0
-        return f"torch.clamp({self._print(next(arg))}, min={floor})"
-
-    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
-        arg = self._print(expr.args[0])
-        return f"({arg} > 0).to({arg}.dtype)"
-
-    def _print_RowMax(self, node: ir.RowMax) -> str:
-        return f"{node.result} = {node.source}.amax(dim=-1)"
-
-    def tied(self, target: str, spec: str) -> str:
-        return f'_tied({target}, "{spec}")'

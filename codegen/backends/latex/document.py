@@ -3,8 +3,7 @@
 :func:`document_context` turns a :class:`~curvgap.derivations.model.Derivation` into
 sections of numbered formulas, each in the engine's index form (always exact) and, where
 :mod:`~curvgap.derivations.matrixform` recognises the structure, in the paper's matrix
-form; the template ``templates/latex/document.tex.jinja`` lays them out. :func:`document`
-returns the whole text for a config.
+form; the template ``templates/latex/document.tex.jinja`` lays them out.
 """
 
 from __future__ import annotations
@@ -14,16 +13,15 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from ..derivations import matrixform as mf
-from ..derivations.config import Config
-from ..derivations.description import describe
-from ..derivations.graph import Assign, Graph
-from ..derivations.indexform import Index
-from ..derivations.model import Derivation, derive
-from ..derivations.paper import WEIGHTS, BlockObjects
-from ..derivations.softmax import RowSoftmax
-from .latex import LatexPrinter, Notation, Symbol, base_symbol, variable_symbol, width
-from .resources import TEMPLATES
+from ....derivations import matrixform as mf
+from ....derivations.description import describe
+from ....derivations.graph import Assign, Graph
+from ....derivations.indexform import Index
+from ....derivations.model import Derivation
+from ....derivations.paper import WEIGHTS, BlockObjects
+from ....derivations.softmax import RowSoftmax
+from ..backend import Backend
+from .printer import LatexPrinter, Notation, Symbol, base_symbol, variable_symbol, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -101,8 +99,10 @@ class Builder:
     """Formats the assignments of one graph (the derivation's or the paper objects')."""
 
     def __init__(self, graph: Graph, notation: Notation,
-                 directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]]) -> None:
+                 directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]],
+                 printer: type[LatexPrinter] = LatexPrinter) -> None:
         self.graph = graph
+        self.printer = printer
         self.notation = notation
         self.directions = directions
         self.layouts: dict[str, mf.Layout | None] = {}
@@ -125,7 +125,7 @@ class Builder:
     def formula(self, assign: Assign, matrix_lhs: str | None = None, note: str = "") -> Formula:
         target, expr = assign.target, assign.expr
         first, second = self.directions.get(assign.group, ((), ()))
-        printer = LatexPrinter(self.notation)
+        printer = self.printer(self.notation)
         role_rows = tuple(i for i in target.indices if i not in first and i not in second)
         printer.name_indices(expr, role_rows, first, second)
         symbol = self.notation(target.name)
@@ -273,12 +273,12 @@ def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, s
     return rows
 
 
-def document_context(der: Derivation) -> dict:
-    """Everything the LaTeX template needs for ``der``: title, architecture, sections."""
-
+def document_context(der: Derivation, backend: Backend) -> dict:
+    """Everything the LaTeX template needs for ``der``: title, architecture, sections, each
+    formula printed by ``backend``'s printer."""
     config, graph = der.config, der.graph
     notation = _notation(der)
-    builder = Builder(graph, notation, der.group_directions)
+    builder = Builder(graph, notation, der.group_directions, backend.printer)
     variables = [v.name for v in der.variables]
     sections = []
 
@@ -341,7 +341,7 @@ def document_context(der: Derivation) -> dict:
     sections.append(hessian)
 
     if config.kind == "block" and config.norm_position == "post":
-        sections.append(_paper_objects(der, notation))
+        sections.append(_paper_objects(der, notation, backend.printer))
 
     hvp = Section("Hessian-vector products", r"Forward mode over the gradient: the "
                   r"directional derivatives $\dot N^{v}$ of every node and adjoint along "
@@ -361,7 +361,8 @@ def document_context(der: Derivation) -> dict:
         total=tuple(map(sum, zip(*(s.counts for s in sections)))))
 
 
-def _paper_objects(der: Derivation, notation: Notation) -> Section:
+def _paper_objects(der: Derivation, notation: Notation,
+                   printer: type[LatexPrinter]) -> Section:
     """The named objects of Theorems 4-5 (post-LN block), with their derivations."""
     objects = BlockObjects(der.config)
     symbols = {"J_Z": "J_Z", "J_Y": "J_Y", "J_SY": "J_{SY}",
@@ -399,7 +400,7 @@ def _paper_objects(der: Derivation, notation: Notation) -> Section:
         elif group.startswith("paper_") and node.endswith(f"_{group}"):
             notation.derived(node, node[1:-len(group) - 1], "dot",
                              variable_symbol(group[len("paper_"):]))
-    builder = Builder(objects.graph, notation, directions)
+    builder = Builder(objects.graph, notation, directions, printer)
     for name in symbols:
         block = Block(f"${symbols[name]}$")
         block.formulas = [builder.formula(a) for a in objects.graph.in_group(
@@ -418,21 +419,3 @@ def _of(name: str) -> str:
 def _wrt(name: str) -> str:
     """The variable a named object differentiates along."""
     return {"J_Z": "S", "H_Z": "S", "J_Y": "U", "J_SY": "Y"}.get(name) or WEIGHTS[name[2:]]
-
-
-def document(source: Config | Derivation) -> str:
-    """The LaTeX document of a config (or of its derivation): every derived formula, in
-    index form and, where recognised, in the paper's matrix form."""
-    import jinja2
-
-
-    der = source if isinstance(source, Derivation) else derive(source)
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES / "latex"),
-                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
-                             autoescape=False, block_start_string="<%",
-                             block_end_string="%>", variable_start_string="<<",
-                             variable_end_string=">>", comment_start_string="<#",
-                             comment_end_string="#>")
-    return env.get_template("document.tex.jinja").render(**document_context(der))
-

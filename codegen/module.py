@@ -1,0 +1,84 @@
+"""The variables of a generated module's templates: the derivation lowered to functions of
+array statements (:mod:`codegen.lowering`), printed by the backend's printer, with what the
+module states about itself (architecture, shapes, parameter order, what each function
+stores)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..derivations.description import describe
+from ..derivations.model import Derivation
+from .lowering import lower
+
+#: The codegen files every module backend's output depends on (its source hash).
+MODULE_SOURCES = ("module.py", "lowering.py", "calls.py", "ir.py", "backends/array_printer.py")
+
+#: What each kind of group computes, by the prefix of its name (``V``, ``W`` the variables).
+_PURPOSES = (
+    ("loss_hessian_full_", "loss-Hessian block ({0}, {1}) whole"),
+    ("loss_hessian_", "loss-Hessian block ({0}, {1}), Gauss–Newton and functional parts"),
+    ("loss_tangent_", "tangents along {0} of the loss nodes"),
+    ("tangent_", "tangents along {0} of the network's nodes"),
+    ("jacobian_", "the Jacobian ∂Z/∂{0}"),
+    ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
+    ("hvp_", "Hessian-vector products in {0}"),
+    ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
+    ("forward", "the forward pass"),
+    ("loss", "the per-sample loss"),
+)
+
+
+def summary(der: Derivation, group: str, writes: list[str]) -> str:
+    """A one-line docstring: what group ``group`` computes and the shapes it stores."""
+    variables = sorted((v.name for v in der.variables), key=len, reverse=True)
+    for prefix, purpose in _PURPOSES:
+        if group.startswith(prefix):
+            rest, names = group[len(prefix):], []
+            while rest:
+                name = next((v for v in variables if rest.startswith(v)), rest)
+                names.append(name)
+                rest = rest[len(name):].lstrip("_")
+            text = purpose.format(*names, *[""] * 2)
+            break
+
+    def shape(name: str) -> str:
+        tensor = der.graph.tensors[name]
+        dims = ["B"] * tensor.batched + [str(s) for s in tensor.shape]
+        return f"{name} ({', '.join(dims)})" if dims else f"{name} (scalar)"
+
+    if not writes:
+        return f"{text[0].upper()}{text[1:]}: zero, nothing to store."
+    writes = sorted(writes, key=lambda n: der.graph.tensors[n].role != "output")  # results first
+    shown = ", ".join(shape(n) for n in writes[:3])
+    more = f" and {len(writes) - 3} more" if len(writes) > 3 else ""
+    return f"{text[0].upper()}{text[1:]}: stores {shown}{more}."
+
+
+def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
+    """Everything a module template needs: the printed functions and the contract's tables
+    (which output node holds each Jacobian, Hessian block and HVP)."""
+    printer = backend.printer()
+    functions = lower(der)
+    for function in functions:
+        function.lines = [printer.statement(s) for s in function.statements]
+    title, description = describe(der.config)
+    return dict(
+        title=title, description=description, config_name=der.config.name,
+        summaries={f.group: summary(der, f.group, f.writes) for f in functions},
+        backend=backend.name, loss=der.config.loss,
+        params=[(p.name, list(der.external_shapes.get(p.name, [str(s) for s in p.shape])))
+                for p in der.params],
+        engine_shapes={p.name: [str(s) for s in p.shape] for p in der.params
+                       if p.name in der.external_shapes},
+        constant_dims={"h": der.config.heads} if der.config.heads > 1 else {},
+        input_shape=[str(s) for s in der.X.shape],
+        output_shape=[str(s) for s in der.output.shape],
+        target_shape=(["L"] if der.config.loss == "cross_entropy"
+                      else [str(s) for s in der.target.shape]),
+        variables=[v.name for v in der.variables],
+        jacobian=der.jacobian, output_hessian=der.output_hessian,
+        loss_hessian=der.loss_hessian,
+        loss_hessian_full=der.loss_hessian_full, hvp=der.hvp, directions=der.directions,
+        functions=functions, output=der.output.name,
+        loss_node=der.loss.name)
