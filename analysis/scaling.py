@@ -111,8 +111,8 @@ def block_degrees(name: str) -> dict[tuple[str, str, str], Degree]:
     der = derive(shipped(name))
     walk = DegreeWalk(der)
     params = [p.name for p in der.params]
-    return {(v, w, part): walk.tensor(output)
-            for (v, w, part), output in der.loss_hessian.items()
+    blocks = der.nodes("loss_hessian", ("gauss_newton", "functional"))
+    return {(v, w, part): walk.tensor(output) for (v, w, part), output in blocks.items()
             if v in params and w in params}
 
 

@@ -14,7 +14,7 @@ import torch
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
 from ..codegen import backends
-from ..codegen.verify import reference_loss, reference_output
+from ..codegen.verify import batch_loss, reference_output, sample_loss
 from ..derivations.config import Config
 
 
@@ -64,9 +64,7 @@ class Routes:
 
     # -- torch.func -----------------------------------------------------------------------
     def _batch_loss(self, params: dict) -> torch.Tensor:
-        def one(x, t):
-            return reference_loss(self.config, reference_output(self.config, params, x), t)
-        return vmap(one)(self.X, self.target).mean()
+        return batch_loss(self.config, params, self.X, self.target)
 
     def hessian_batch(self, names: list[str] | None = None) -> Callable:
         """``torch.func.hessian`` of the batch loss over ``names`` (a dict of blocks)."""
@@ -79,7 +77,7 @@ class Routes:
         """``torch.func.hessian`` of each sample's loss (all samples in one ``vmap``, or
         ``chunk`` at a time when memory is short), stacked."""
         def one(p, x, t):
-            return reference_loss(self.config, reference_output(self.config, p, x), t)
+            return sample_loss(self.config, p, x, t)
         per_sample = vmap(hessian(one), in_dims=(None, 0, 0))
         if chunk is None:
             return lambda: per_sample(self.params, self.X, self.target)

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ..derivations.graph import Guard  # a statement as it is: checked after its node
+
+__all__ = ["Accumulate", "Assign", "CausalBias", "Combine", "Contract", "Elementwise", "Free",
+           "Guard", "Part", "RowMax", "Zeros"]
+
 
 @dataclass(frozen=True)
 class Elementwise:
@@ -89,16 +94,6 @@ class Accumulate:
     value: str | None
     coeff: sp.Expr
     broadcast: tuple[bool, ...] | None
-
-
-@dataclass(frozen=True)
-class Guard:
-    """Stop with a ValueError on ``argument`` unless ``tensor > 0`` relative to ``scale``."""
-
-    tensor: str
-    scale: str
-    argument: str
-    message: str
 
 
 @dataclass(frozen=True)

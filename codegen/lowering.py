@@ -475,10 +475,8 @@ def lower(der: Derivation) -> list[Function]:
         guards = {guard.tensor: guard for guard in der.guards}
         for assign in assigns:
             lowerer.assign(assign)
-            guard = guards.get(assign.target.name)
-            if guard is not None:
-                function.statements.append(
-                    ir.Guard(guard.tensor, guard.scale, guard.argument, guard.message))
+            if assign.target.name in guards:  # a statement of its own, after its node
+                function.statements.append(guards[assign.target.name])
         statements = make_arrays_from_products(
             factor_shared_operands(function.statements, lowerer.temp))
         function.statements = free_temporaries(

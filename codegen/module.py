@@ -77,8 +77,9 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         target_shape=(["L"] if der.config.loss == "cross_entropy"
                       else [str(s) for s in der.target.shape]),
         variables=[v.name for v in der.variables],
-        jacobian=der.jacobian, output_hessian=der.output_hessian,
-        loss_hessian=der.loss_hessian,
-        loss_hessian_full=der.loss_hessian_full, hvp=der.hvp, directions=der.directions,
+        jacobian=der.nodes("jacobian"), output_hessian=der.nodes("output_hessian"),
+        loss_hessian=der.nodes("loss_hessian", ("gauss_newton", "functional")),
+        loss_hessian_full=der.nodes("loss_hessian"), hvp=der.nodes("hvp"),
+        directions=der.nodes("hvp", key="direction"),
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

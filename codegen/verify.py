@@ -95,6 +95,18 @@ def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> tor
     return residual(Z - target).sum() / Z.numel()
 
 
+def sample_loss(config: Config, params: dict, x: torch.Tensor, t: torch.Tensor
+                ) -> torch.Tensor:
+    """The loss of one sample ``x`` (``L×d``) against its target ``t``, in plain PyTorch."""
+    return reference_loss(config, reference_output(config, params, x), t)
+
+
+def batch_loss(config: Config, params: dict, X: torch.Tensor, target: torch.Tensor
+               ) -> torch.Tensor:
+    """The loss averaged over the batch ``X`` (``B×L×d``)."""
+    return vmap(lambda x, t: sample_loss(config, params, x, t))(X, target).mean()
+
+
 _TORCH_FUNCTIONS = [{name: getattr(torch, name) for name in
                      ("exp", "log", "cosh", "sinh", "tanh", "sqrt", "abs", "erf")}, "math"]
 
@@ -135,12 +147,7 @@ class Reference:
         return vmap(lambda x: reference_output(self.config, self.params, x))(self.X)
 
     def loss(self) -> torch.Tensor:
-        return self._batch_loss(self.params)
-
-    def _batch_loss(self, params: dict) -> torch.Tensor:
-        def one(x, t):
-            return reference_loss(self.config, reference_output(self.config, params, x), t)
-        return vmap(one)(self.X, self.target).mean()
+        return batch_loss(self.config, self.params, self.X, self.target)
 
     def _out(self, x: torch.Tensor, values: dict) -> torch.Tensor:
         """The sample output with some parameters (or ``"X"``) replaced by ``values``."""
@@ -167,7 +174,7 @@ class Reference:
     def loss_hessian(self, wrt: list[str]) -> torch.Tensor:
         if wrt == ["X"]:
             def one(x, t):
-                return reference_loss(self.config, reference_output(self.config, self.params, x), t)
+                return sample_loss(self.config, self.params, x, t)
             H = vmap(hessian(one))(self.X, self.target)
             n = self.X[0].numel()
             return H.reshape(-1, n, n)
@@ -179,7 +186,7 @@ class Reference:
             params = dict(self.params)
             for name, part, shape in zip(wrt, parts, shapes):
                 params[name] = part.reshape(shape)
-            return self._batch_loss(params)
+            return batch_loss(self.config, params, self.X, self.target)
 
         return hessian(flat)(torch.cat([self.params[name].reshape(-1) for name in wrt]))
 

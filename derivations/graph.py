@@ -26,6 +26,18 @@ from .functions import ScalarFn
 from .indexform import Apply, Delta, Expr, Index, IndexPool, Ref, Term
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A runtime precondition of a generated module: every entry of the node ``tensor`` must
+    be strictly positive relative to the node ``scale`` (``tensor > tol · |scale|``), or the
+    module stops with a ValueError on ``argument`` saying ``message``."""
+
+    tensor: str
+    scale: str
+    argument: str
+    message: str
+
+
 @dataclass
 class Tensor:
     """A declared named tensor. ``batched`` tensors carry one slice per sample."""

@@ -27,24 +27,47 @@ import sympy as sp
 
 from . import attention, calculus, ffn, losses, normalization, sizes
 from .config import Config
-from .graph import Graph, Tensor
+from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index, Term
-from .normalization import Guard
 
 #: Section titles of the normalisation sublayers.
 NORM_TITLES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
+Directions = tuple[tuple[Index, ...], tuple[Index, ...]]
+
+
 @dataclass
 class Group:
-    """One generated function: its assignments and the groups it reads from."""
+    """One generated function: its name, the groups it reads from, and the indices of its
+    first and second derivative directions (their place in a derived tensor's paper layout:
+    rows are the rest, columns the last)."""
 
     name: str
     requires: tuple[str, ...]
+    directions: Directions = ((), ())
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One array of the generated-module contract, held by the graph output ``node``.
+
+    ``kind`` is ``jacobian`` (``wrt = (V,)``), ``output_hessian`` (``(V, W)``),
+    ``loss_hessian`` (``(V, W)``, ``part`` ``full``, ``gauss_newton`` or ``functional``) or
+    ``hvp`` (``(V,)``, its direction read from the input ``direction``)."""
+
+    kind: str
+    wrt: tuple[str, ...]
+    node: str
+    part: str = "full"
+    direction: str = ""
 
 
 @dataclass
 class Derivation:
+    """A config's network, its loss, and every derived quantity: ``groups`` (the generated
+    functions, in order) and ``quantities`` (which output node holds each contract array)."""
+
     config: Config
     graph: Graph
     X: Tensor
@@ -53,28 +76,42 @@ class Derivation:
     loss: Tensor
     params: list[Tensor]
     guards: list[Guard]
+    #: shapes users pass where they differ from the engine's (heads split out of a width)
+    external_shapes: dict[str, tuple[str, ...]]
     groups: dict[str, Group] = field(default_factory=dict)
-    jacobian: dict[str, str] = field(default_factory=dict)
-    output_hessian: dict[tuple[str, str], str] = field(default_factory=dict)
-    loss_hessian: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    loss_hessian_full: dict[tuple[str, str], str] = field(default_factory=dict)
-    hvp: dict[str, str] = field(default_factory=dict)
-    directions: dict[str, str] = field(default_factory=dict)
-    external_shapes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    #: group name -> the indices of its first and second derivative directions (their
-    #: place in a derived tensor's paper layout: rows are the rest, columns the last)
-    group_directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]] = field(
-        default_factory=dict)
+    quantities: list[Quantity] = field(default_factory=list)
 
     @property
     def variables(self) -> list[Tensor]:
         return [*self.params, self.X]
 
-    def add_group(self, name: str, requires: tuple[str, ...]) -> AbstractContextManager[None]:
+    def add_group(self, name: str, requires: tuple[str, ...],
+                  directions: Directions = ((), ())) -> AbstractContextManager[None]:
         """Register group ``name`` (one generated function, run after ``requires``); the
         assignments made inside the returned context belong to it."""
-        self.groups[name] = Group(name, requires)
+        self.groups[name] = Group(name, requires, directions)
         return self.graph.group(name)
+
+    def add(self, kind: str, wrt: tuple[str, ...], node: Tensor, part: str = "full",
+            direction: str = "") -> None:
+        self.quantities.append(Quantity(kind, wrt, node.name, part, direction))
+
+    def nodes(self, kind: str, parts: tuple[str, ...] = ("full",), key: str = "wrt") -> dict:
+        """The quantities of ``kind`` (and of ``parts``) by ``wrt``: a single variable's by
+        its name, a pair's by ``(V, W)``, with ``part`` appended when several parts are
+        asked for; the values are their output nodes (``key="node"``) or their directions
+        (``key="direction"``)."""
+        table = {}
+        for q in self.quantities:
+            if q.kind == kind and q.part in parts:
+                wrt = q.wrt[0] if len(q.wrt) == 1 else q.wrt
+                table[(*q.wrt, q.part) if len(parts) > 1 else wrt] = getattr(
+                    q, "node" if key == "wrt" else key)
+        return table
+
+    def directions(self) -> dict[str, Directions]:
+        """Group name → its direction indices."""
+        return {name: group.directions for name, group in self.groups.items()}
 
 
 def build_network(g: Graph, config: Config, external: dict | None = None
@@ -157,84 +194,109 @@ def derive(config: Config) -> Derivation:
     target = g.input("T", (sizes.L, sizes.d), role="target")
     with g.group("loss"), g.sublayer("Loss"):
         ell = losses.build(g, config.loss, Z, target)
-    der = Derivation(config, g, X, target, Z, ell, params, guards, external_shapes=external)
+    der = Derivation(config, g, X, target, Z, ell, params, guards, external)
     der.groups["forward"] = Group("forward", ())
     der.groups["loss"] = Group("loss", ("forward",))
-    forward, loss = g.in_group("forward"), g.in_group("loss")
+    tangents = _first_order(der)
+    _output_hessians(der, tangents)
+    with der.add_group("adjoints", ("loss",)):
+        seed = Expr([Term(sp.Integer(1))]).with_free(())
+        adjoints = calculus.propagate_adjoints(g, g.in_group("forward") + g.in_group("loss"),
+                                               ell, seed)
+    _loss_hessians(der, tangents, adjoints)
+    _hessian_vector_products(der, adjoints)
+    return der
 
+
+def _first_order(der: Derivation) -> dict[str, calculus.Tangents]:
+    """Groups ``tangent_V``, ``jacobian_V`` and ``loss_tangent_V`` of every variable ``V``;
+    the tangents by variable name."""
+    g = der.graph
+    forward, loss = g.in_group("forward"), g.in_group("loss")
     tangents: dict[str, calculus.Tangents] = {}
     for var in der.variables:
-        v = var.name
-        with der.add_group(f"tangent_{v}", ("forward",)):
-            tangents[v] = calculus.propagate(g, forward, calculus.seed(g, var), v)
-        with der.add_group(f"jacobian_{v}", (f"tangent_{v}",)):
-            der.jacobian[v] = g.output(f"jacobian_{v}", tangents[v].of(Z)).name
-        with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}")):
+        v, start = var.name, calculus.seed(g, var)
+        directions = (start.indices, ())
+        with der.add_group(f"tangent_{v}", ("forward",), directions):
+            tangents[v] = calculus.propagate(g, forward, start, v)
+        with der.add_group(f"jacobian_{v}", (f"tangent_{v}",), directions):
+            der.add("jacobian", (v,), g.output(f"jacobian_{v}", tangents[v].of(der.output)))
+        with der.add_group(f"loss_tangent_{v}", ("loss", f"tangent_{v}"), directions):
             calculus.propagate(g, loss, tangents[v], v)
-        for kind in ("tangent", "jacobian", "loss_tangent"):
-            der.group_directions[f"{kind}_{v}"] = (tangents[v].indices, ())
+    return tangents
 
+
+def _pair_directions(g: Graph, tangents: dict[str, calculus.Tangents], v: str, w: str
+                     ) -> tuple[dict, Directions]:
+    """The index map of the second direction, and the directions of the pair ``(V, W)``."""
+    renamed = _second_direction(g, tangents[v], tangents[w], v == w)
+    return renamed, (tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
+
+
+def _output_hessians(der: Derivation, tangents: dict[str, calculus.Tangents]) -> None:
+    """Groups ``second_V_W``: ``∂²Z/∂V∂W`` for every ordered pair of variables."""
+    g, forward = der.graph, der.graph.in_group("forward")
     for first in der.variables:
         for second in der.variables:
             v, w = first.name, second.name
-            renamed = _second_direction(g, tangents[v], tangents[w], v == w)
-            der.group_directions[f"second_{v}_{w}"] = (
-                tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
-            with der.add_group(f"second_{v}_{w}", (f"tangent_{v}", f"tangent_{w}")):
+            renamed, directions = _pair_directions(g, tangents, v, w)
+            with der.add_group(f"second_{v}_{w}", (f"tangent_{v}", f"tangent_{w}"),
+                               directions):
                 both = calculus.propagate_second(g, forward, tangents[v], tangents[w],
                                                  renamed, f"{v}{w}")
-                der.output_hessian[v, w] = g.output(f"output_hessian_{v}_{w}",
-                                                    both.of(Z)).name
+                der.add("output_hessian", (v, w),
+                        g.output(f"output_hessian_{v}_{w}", both.of(der.output)))
 
-    with der.add_group("adjoints", ("loss",)):
-        seed = Expr([Term(sp.Integer(1))]).with_free(())
-        adjoints = calculus.propagate_adjoints(g, forward + loss, ell, seed)
-    adjoint_assigns = g.in_group("adjoints")
 
+def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
+                   adjoints: dict[str, Expr]) -> None:
+    """Groups ``loss_hessian_V_W`` (Gauss–Newton and functional parts) and
+    ``loss_hessian_full_V_W`` (their sum) for parameter pairs ``V ≤ W`` and for ``X, X``."""
+    g = der.graph
+    forward, loss = g.in_group("forward"), g.in_group("loss")
     pairs = [(a, b) for n, a in enumerate(der.params) for b in der.params[n:]]
-    pairs.append((X, X))
-    for first, second in pairs:
+    for first, second in [*pairs, (der.X, der.X)]:
         v, w = first.name, second.name
-        renamed = _second_direction(g, tangents[v], tangents[w], v == w)
+        renamed, directions = _pair_directions(g, tangents, v, w)
         requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
-        mean = first is not X
-        der.group_directions[f"loss_hessian_{v}_{w}"] = (
-            tangents[v].indices, tuple(renamed[i] for i in tangents[w].indices))
+        mean = first is not der.X
         blocks = {}
-        with der.add_group(f"loss_hessian_{v}_{w}", requires):
+        with der.add_group(f"loss_hessian_{v}_{w}", requires, directions):
             for part, assigns in (("gauss_newton", loss), ("functional", forward)):
                 blocks[part] = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents[v],
                                                             tangents[w], renamed)
-                der.loss_hessian[v, w, part] = g.output(
-                    f"{part}_{v}_{w}", blocks[part], mean_over_batch=mean).name
+                der.add("loss_hessian", (v, w),
+                        g.output(f"{part}_{v}_{w}", blocks[part], mean_over_batch=mean), part)
         # the whole block as one node too: its terms then share their products (one
         # contraction where the two parts each had their own)
-        der.group_directions[f"loss_hessian_full_{v}_{w}"] = (
-            der.group_directions[f"loss_hessian_{v}_{w}"])
-        with der.add_group(f"loss_hessian_full_{v}_{w}", requires):
+        with der.add_group(f"loss_hessian_full_{v}_{w}", requires, directions):
             gauss_newton = blocks["gauss_newton"]
             whole = (gauss_newton + blocks["functional"]).with_free(gauss_newton.free)
-            der.loss_hessian_full[v, w] = g.output(f"full_{v}_{w}", whole,
-                                                   mean_over_batch=mean).name
+            der.add("loss_hessian", (v, w),
+                    g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
 
-    program = forward + loss + adjoint_assigns
-    for label, variables in (("params", der.params), ("X", [X])):
+
+def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None:
+    """Groups ``hvp_params`` and ``hvp_X``: forward mode along directions ``v_V`` over the
+    adjoints, ``(Hv)_V`` the directional derivative of ``∂ℓ/∂V``."""
+    g = der.graph
+    program = g.in_group("forward") + g.in_group("loss") + g.in_group("adjoints")
+    for label, variables in (("params", der.params), ("X", [der.X])):
         if not variables:
             continue
         with der.add_group(f"hvp_{label}", ("adjoints",)):
-            directions = calculus.Tangents(())
+            directions, inputs = calculus.Tangents(()), {}
             for var in variables:
-                direction = g.input(f"v_{var.name}", var.shape, role="direction",
-                                    batched=var is X)
-                der.directions[var.name] = direction.name
-                directions.by_name[var.name] = direction[var.indices].with_free(var.indices)
+                inputs[var.name] = g.input(f"v_{var.name}", var.shape, role="direction",
+                                           batched=var is der.X)
+                directions.by_name[var.name] = inputs[var.name][var.indices].with_free(
+                    var.indices)
             calculus.propagate(g, program, directions, f"v{label}")
             for var in variables:
-                gradient = adjoints[var.name]
-                hv = calculus.differentiate(g, gradient, directions)
-                der.hvp[var.name] = g.output(f"hvp_{var.name}", hv,
-                                             mean_over_batch=var is not X).name
-    return der
+                hv = calculus.differentiate(g, adjoints[var.name], directions)
+                der.add("hvp", (var.name,), g.output(f"hvp_{var.name}", hv,
+                                                     mean_over_batch=var is not der.X),
+                        direction=inputs[var.name].name)
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

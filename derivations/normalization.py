@@ -15,18 +15,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .functions import power
-from .graph import Graph, Tensor
-
-
-@dataclass(frozen=True)
-class Guard:
-    """A runtime precondition of a generated module: every entry of ``tensor`` must be
-    strictly positive relative to ``scale`` (``tensor > tol · scale``)."""
-
-    tensor: str
-    scale: str
-    argument: str
-    message: str
+from .graph import Graph, Guard, Tensor
 
 
 @dataclass

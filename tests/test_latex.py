@@ -59,7 +59,7 @@ def test_every_matrix_form_equals_its_index_form(name):
     der = derive(SHIPPED[name])
     dims = _sizes(der.config)
     values = _sample_values(der, dims, np.random.default_rng(0))
-    builder = Builder(der.graph, _notation(der), der.group_directions)
+    builder = Builder(der.graph, _notation(der), der.directions())
     checked = 0
     for assign in der.graph.assigns:
         matrix = builder.matrix(assign)
@@ -76,7 +76,7 @@ def test_every_matrix_form_equals_its_index_form(name):
 def test_gauss_newton_VV_of_self_attention_is_a_kronecker_product():
     """``H^GN_{V,V} = (2/(L d)) (Ḟ^V)^T Ḟ^V ⊗ I_d`` with ``Ḟ^V = A X``, as in the paper."""
     der = derive(SHIPPED["self_attention"])
-    builder = Builder(der.graph, _notation(der), der.group_directions)
+    builder = Builder(der.graph, _notation(der), der.directions())
     (assign,) = [a for a in der.graph.assigns if a.target.name == "gauss_newton_W_V_W_V"]
     form = builder.matrix(assign)[2]
     assert isinstance(form, matrixform.MatScaled) and isinstance(form.arg, matrixform.MatKron)
@@ -100,7 +100,7 @@ def test_printed_matrix_form_equals_generated_code(name, output, method, backend
     config = SHIPPED[name]
     der = derive(config)
     dims = _sizes(config)
-    builder = Builder(der.graph, _notation(der), der.group_directions)
+    builder = Builder(der.graph, _notation(der), der.directions())
     (assign,) = [a for a in der.graph.assigns if a.target.name == output]
     rows, cols, form = builder.matrix(assign)
     assert form is not None

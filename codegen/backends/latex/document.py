@@ -278,7 +278,7 @@ def document_context(der: Derivation, backend: Backend) -> dict:
     formula printed by ``backend``'s printer."""
     config, graph = der.config, der.graph
     notation = _notation(der)
-    builder = Builder(graph, notation, der.group_directions, backend.printer)
+    builder = Builder(graph, notation, der.directions(), backend.printer)
     variables = [v.name for v in der.variables]
     sections = []
 
@@ -331,8 +331,7 @@ def document_context(der: Derivation, backend: Backend) -> dict:
                       r"\partial^2 Z / \partial V \partial W$, both contracted with the "
                       r"adjoints before expanding. Parameter blocks are averaged over the "
                       r"batch; the $X, X$ block is per sample.")
-    pairs = list(dict.fromkeys((v, w) for v, w, _ in der.loss_hessian))
-    for v, w in pairs:
+    for v, w in der.nodes("loss_hessian"):
         block = Block(f"${variable_symbol(v)}, {variable_symbol(w)}$")
         for assign in group(f"loss_hessian_{v}_{w}"):
             block.formulas.append(builder.formula(
