@@ -1,7 +1,8 @@
 """Proof by numbers: generated modules against ``torch.func`` on a plain PyTorch model.
 
-:func:`reference_output` is an independent, hand-written PyTorch forward pass of a config
-(no engine code): autograd through it (``torch.func.jacrev``, ``hessian``) is the
+:func:`reference_output` is an independent, hand-written PyTorch forward pass of a config,
+composed of each sublayer's ``reference`` (no engine code: the graph, the calculus and the
+lowering take no part): autograd through it (``torch.func.jacrev``, ``hessian``) is the
 reference. LayerNorm is written out (mean, variance, ``rsqrt``) rather than taken from
 ``torch.nn.functional.layer_norm``, whose double backward through ``torch.func`` gave
 wrong mixed ``weight``–``input`` second derivatives in torch 2.13 (see docs/ERRATA.md).
@@ -16,73 +17,27 @@ import sympy as sp
 import torch
 from torch.func import hessian, jacrev, vmap
 
-from ..derivations import losses
+from ..derivations import attention, ffn, losses, normalization
 from ..derivations.config import Config
 from . import backends
 
 
-def _normalize(config: Config, U: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
-    if config.norm == "layernorm":
-        centred = U - U.mean(-1, keepdim=True)
-        out = centred * torch.rsqrt((centred * centred).mean(-1, keepdim=True) + config.eps)
-    else:
-        out = U * torch.rsqrt((U * U).mean(-1, keepdim=True) + config.eps)
-    if gamma is not None:
-        out = out * gamma
-    if beta is not None:
-        out = out + beta
-    return out
-
-
 def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
-    """The configured sublayer on one sample ``X`` (``L×d``), in plain PyTorch."""
+    """The configured sublayer on one sample ``X`` (``L×d``), in plain PyTorch: each
+    sublayer's own reference forward, composed as the config says."""
     if config.kind == "layernorm":
-        return _normalize(config, X, params.get("gamma"), params.get("beta"))
+        return normalization.reference(config, params, X)
     if config.kind == "self_attention":
-        return _attention(config, params, X)
+        return attention.reference(config, params, X)
     if config.kind == "ffn":
-        return _feed_forward(config, params, X)
+        return ffn.reference(config, params, X)
     if config.norm_position == "post":
-        Y = _normalize(config, X + _attention(config, params, X), params.get("gamma_1"),
-                       params.get("beta_1"))
-        return _normalize(config, Y + _feed_forward(config, params, Y), params.get("gamma_2"),
-                          params.get("beta_2"))
-    Y = X + _attention(config, params, _normalize(config, X, params.get("gamma_1"),
-                                                  params.get("beta_1")))
-    return Y + _feed_forward(config, params, _normalize(config, Y, params.get("gamma_2"),
-                                                         params.get("beta_2")))
-
-
-def _attention(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
-    h, L, d = config.heads, X.shape[0], X.shape[1]
-    d_k = params["W_Q"].shape[1] // h
-    Q = (X @ params["W_Q"]).reshape(L, h, d_k).transpose(0, 1)
-    K = (X @ params["W_K"]).reshape(L, h, d_k).transpose(0, 1)
-    V = (X @ params["W_V"]).reshape(L, h, d // h).transpose(0, 1)
-    scores = Q @ K.transpose(1, 2) / d_k ** 0.5
-    if config.causal:
-        scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
-    heads = torch.softmax(scores, dim=-1) @ V                   # h × L × d_v
-    out = heads.transpose(0, 1).reshape(L, d)
-    return out @ params["W_O"] if config.out_proj else out
-
-
-ACTIVATIONS = {
-    "relu": torch.relu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda u: torch.nn.functional.gelu(u, approximate="tanh"),
-    "silu": torch.nn.functional.silu,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    # log(1 + e^u) exactly (F.softplus returns u itself above u = 20, off by e^-20)
-    "softplus": lambda u: torch.logaddexp(u, torch.zeros_like(u)),
-    "identity": lambda u: u,
-}
-
-
-def _feed_forward(config: Config, params: dict, Y: torch.Tensor) -> torch.Tensor:
-    hidden = Y @ params["W_1"] + params.get("b_1", 0.0)
-    return ACTIVATIONS[config.activation](hidden) @ params["W_2"] + params.get("b_2", 0.0)
+        Y = normalization.reference(config, params, X + attention.reference(config, params, X),
+                                    "_1")
+        return normalization.reference(config, params, Y + ffn.reference(config, params, Y),
+                                       "_2")
+    Y = X + attention.reference(config, params, normalization.reference(config, params, X, "_1"))
+    return Y + ffn.reference(config, params, normalization.reference(config, params, Y, "_2"))
 
 
 def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,8 @@
-"""The position-wise feed-forward network as index-form nodes:
+"""The position-wise feed-forward network: its nodes in index form, its line of description,
+and its plain-PyTorch forward pass for verification.
 
-``H = Y W_1 (+ b_1)``, ``P = act(H)``, ``O = P W_2 (+ b_2)``, row by row, so every
+``H = Y W_1 (+ b_1)``, ``P = act(H)``, ``O = P W_2 (+ b_2)``, row by row (the options are
+``activation`` and ``ffn_bias``), so every
 derivative keeps the per-token independence: a tangent of ``H`` in ``W_1`` is
 ``Y[i, p] δ[f, q]``, never a dense ``(L·d_ff) × (d·d_ff)`` matrix.
 """
@@ -8,10 +10,18 @@ derivative keeps the per-token independence: a tangent of ``H`` in ``W_1`` is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
 
 from . import sizes
 from .functions import activation
 from .graph import Graph, Tensor
+
+if TYPE_CHECKING:
+    from .config import Config
+
+TITLE = "Feed-forward network"
 
 
 @dataclass
@@ -20,8 +30,9 @@ class FeedForward:
     params: list[Tensor]
 
 
-def feed_forward(g: Graph, Y: Tensor, act: str, bias: bool, out_name: str = "O") -> FeedForward:
+def feed_forward(g: Graph, Y: Tensor, config: Config, out_name: str = "O") -> FeedForward:
     """Nodes of ``act(Y W_1 + b_1) W_2 + b_2`` for ``Y`` (``L×d``)."""
+    act, bias = config.activation, config.ffn_bias
     L, d, d_ff = sizes.L, sizes.d, sizes.d_ff
     W_1 = g.input("W_1", (d, d_ff), role="param", batched=False)
     params = [W_1]
@@ -41,3 +52,29 @@ def feed_forward(g: Graph, Y: Tensor, act: str, bias: bool, out_name: str = "O")
         params.append(b_2)
         out = out + b_2[e]
     return FeedForward(g.node(out_name, (i, e), out), params)
+
+
+def describe(config: Config, argument: str = "Y") -> str:
+    """The sublayer as one line of text, a function of ``argument``."""
+    bias = (" + b_1", " + b_2") if config.ffn_bias else ("", "")
+    return (f"FFN({argument}) = {config.activation}({argument} W_1{bias[0]}) W_2{bias[1]}")
+
+
+#: The activations in plain PyTorch (the reference the generated code is checked against).
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda u: torch.nn.functional.gelu(u, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    # log(1 + e^u) exactly (F.softplus returns u itself above u = 20, off by e^-20)
+    "softplus": lambda u: torch.logaddexp(u, torch.zeros_like(u)),
+    "identity": lambda u: u,
+}
+
+
+def reference(config: Config, params: dict, Y: torch.Tensor) -> torch.Tensor:
+    """The sublayer on one sample ``Y`` (``L×d``) in plain PyTorch."""
+    hidden = Y @ params["W_1"] + params.get("b_1", 0.0)
+    return ACTIVATIONS[config.activation](hidden) @ params["W_2"] + params.get("b_2", 0.0)

@@ -30,10 +30,6 @@ from .config import Config
 from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index, Term
 
-#: Section titles of the normalisation sublayers.
-NORM_TITLES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-
 Directions = tuple[tuple[Index, ...], tuple[Index, ...]]
 
 
@@ -123,18 +119,17 @@ def build_network(g: Graph, config: Config, external: dict | None = None
     external = {} if external is None else external
     X = g.input("X", (sizes.L, sizes.d))
     if config.kind == "layernorm":
-        with g.sublayer(NORM_TITLES[config.norm]):
-            norm = normalization.normalize(g, X, config.norm, config.eps, config.affine, "Z")
+        with g.sublayer(normalization.title(config)):
+            norm = normalization.normalize(g, X, config, "Z")
         return X, norm.output, norm.params, norm.guards
     if config.kind == "self_attention":
-        with g.sublayer("Self-attention"):
-            layer = attention.self_attention(g, X, config.heads, config.causal,
-                                             config.out_proj)
+        with g.sublayer(attention.TITLE):
+            layer = attention.self_attention(g, X, config)
         external.update(layer.external_shapes)
         return X, layer.output, layer.params, []
     if config.kind == "ffn":
-        with g.sublayer("Feed-forward network"):
-            layer = ffn.feed_forward(g, X, config.activation, config.ffn_bias, "Z")
+        with g.sublayer(ffn.TITLE):
+            layer = ffn.feed_forward(g, X, config, "Z")
         return X, layer.output, layer.params, []
     return (X, *_block(g, config, X, external))
 
@@ -147,20 +142,19 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
     i, j = g.index(L, "i"), g.index(d, "j")
 
     def norm(U: Tensor, n: int, out: str) -> normalization.Normalized:
-        with g.sublayer(f"{NORM_TITLES[config.norm]} {n}"):
-            return normalization.normalize(g, U, config.norm, config.eps, config.affine, out,
-                                           prefix=f"ln{n}_", suffix=f"_{n}")
+        with g.sublayer(f"{normalization.title(config)} {n}"):
+            return normalization.normalize(g, U, config, out, prefix=f"ln{n}_",
+                                           suffix=f"_{n}")
 
     def attend(U: Tensor) -> attention.Attention:
-        with g.sublayer("Self-attention"):
-            layer = attention.self_attention(g, U, config.heads, config.causal,
-                                             config.out_proj)
+        with g.sublayer(attention.TITLE):
+            layer = attention.self_attention(g, U, config)
         external.update(layer.external_shapes)
         return layer
 
     def feed_forward(U: Tensor) -> ffn.FeedForward:
-        with g.sublayer("Feed-forward network"):
-            return ffn.feed_forward(g, U, config.activation, config.ffn_bias)
+        with g.sublayer(ffn.TITLE):
+            return ffn.feed_forward(g, U, config)
 
     if config.norm_position == "post":
         layer = attend(X)

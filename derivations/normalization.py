@@ -1,4 +1,6 @@
-"""Row-wise normalisation (LayerNorm, RMSNorm) as index-form nodes.
+"""Row-wise normalisation (LayerNorm, RMSNorm): its nodes in index form, its line of
+description, and its plain-PyTorch forward pass for verification. The options are ``norm``,
+``eps`` and ``affine``.
 
 LayerNorm of row ``i`` of ``U``:
 ``mu_i = Σ_j U_ij / d``, ``C_ij = U_ij - mu_i``, ``var_i = Σ_j C_ij² / d``,
@@ -11,11 +13,18 @@ Every derivative of these nodes comes from the calculus in :mod:`.calculus`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy as sp
+import torch
 
 from .functions import power
 from .graph import Graph, Guard, Tensor
+
+if TYPE_CHECKING:
+    from .config import Config
+
+TITLES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
 @dataclass
@@ -25,11 +34,16 @@ class Normalized:
     guards: list[Guard]
 
 
-def normalize(g: Graph, U: Tensor, kind: str, eps: float, affine: bool,
-              out_name: str, prefix: str = "", suffix: str = "",
-              argument: str = "X") -> Normalized:
+def title(config: Config) -> str:
+    """The sublayer's name: ``LayerNorm`` or ``RMSNorm``."""
+    return TITLES[config.norm]
+
+
+def normalize(g: Graph, U: Tensor, config: Config, out_name: str, prefix: str = "",
+              suffix: str = "", argument: str = "X") -> Normalized:
     """Nodes normalising each row of ``U`` (shape ``L×d``), the last one named
     ``out_name``; parameters ``gamma<suffix>`` (and ``beta<suffix>``) when ``affine``."""
+    kind, eps, affine = config.norm, config.eps, config.affine
     rows, width = U.shape
     i, j = g.index(rows, "i"), g.index(width, "j")
     inv_sqrt = power(sp.Rational(-1, 2), eps, "rsqrt")
@@ -67,3 +81,32 @@ def normalize(g: Graph, U: Tensor, kind: str, eps: float, affine: bool,
         params.append(beta)
         expr = expr + beta[j]
     return Normalized(g.node(out_name, (i, j), expr), params, guards)
+
+
+def describe(config: Config, argument: str = "U") -> str:
+    """The sublayer as one line of text, a function of ``argument``."""
+    if config.norm == "layernorm":
+        formula = "(U - mean(U)) / sqrt(var(U) + eps)"
+    else:
+        formula = "U / sqrt(mean(U**2) + eps)"
+    if config.affine:
+        formula += " * gamma" + (" + beta" if config.norm == "layernorm" else "")
+    return (f"Norm({argument}) = {formula.replace('U', argument)} per row, "
+            f"eps = {config.eps!r}")
+
+
+def reference(config: Config, params: dict, U: torch.Tensor, suffix: str = "") -> torch.Tensor:
+    """The sublayer on one sample ``U`` (``L×d``) in plain PyTorch, parameters
+    ``gamma<suffix>``, ``beta<suffix>`` when present. Written out (mean, variance,
+    ``rsqrt``): the double backward of ``torch.nn.functional.layer_norm`` through
+    ``torch.func`` gave wrong mixed ``weight``–``input`` second derivatives in torch 2.13."""
+    if config.norm == "layernorm":
+        centred = U - U.mean(-1, keepdim=True)
+        out = centred * torch.rsqrt((centred * centred).mean(-1, keepdim=True) + config.eps)
+    else:
+        out = U * torch.rsqrt((U * U).mean(-1, keepdim=True) + config.eps)
+    if f"gamma{suffix}" in params:
+        out = out * params[f"gamma{suffix}"]
+    if f"beta{suffix}" in params:
+        out = out + params[f"beta{suffix}"]
+    return out

@@ -19,7 +19,7 @@ import torch
 from conftest import BACKENDS, SHIPPED, backend_named, generated_module
 from stability import DTYPES, SCALES, SHIFTS, Autograd, bound, make_case, measure
 
-from curvgap.codegen.verify import ACTIVATIONS
+from curvgap.derivations.ffn import ACTIVATIONS
 from curvgap.derivations.functions import activation, sigmoid, softplus, x
 
 
