@@ -188,6 +188,12 @@ def test_every_generated_derived_function_says_what_it_stores(path):
         doc = ast.get_docstring(function)
         assert doc and "\n" not in doc, function.name
         assert "stores" in doc or "nothing to store" in doc, (function.name, doc)
+    # and every other function too: a docstring, one line for the internal ones
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef):
+            doc = ast.get_docstring(function)
+            assert doc, f"{function.name} in {path} has no docstring"
+            assert not function.name.startswith("_") or "\n" not in doc, function.name
 
 
 def test_every_backend_is_one_package_with_its_templates_and_files():
