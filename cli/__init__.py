@@ -84,12 +84,13 @@ def _latex(name: str, out: Path, pdf: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per job."""
     parser = argparse.ArgumentParser(
         prog="curvgap",
         description="Exact Jacobians and Hessians of Transformer layers: generate the modules "
                     "and documents, typeset one document, benchmark, reproduce the paper's "
-                    "analyses. `curvgap COMMAND --help` describes each command.")
+                    "analyses. Run 'curvgap COMMAND --help' for the options of each command.")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="derive and write generated modules")
     gen.add_argument("--config", action="append", metavar="FILE",
@@ -116,21 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     reproduce.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
     reproduce.add_argument("--out", metavar="DIR", default="reproduce-results",
                            help="where the figures and report go (default: reproduce-results/)")
-    args = parser.parse_args(argv)
+    return parser
 
-    if args.command == "bench":
-        from ..benchmarks.suite import run
 
-        run(args.config, args.quick, Path(args.out))
-        return 0
-    if args.command == "reproduce":
-        from ..analysis.reproduce import run as reproduce_run
-
-        reproduce_run(args.quick, Path(args.out))
-        return 0
-    if args.command == "latex":
-        return _latex(args.name, Path(args.out), args.pdf)
-
+def _generate(args: argparse.Namespace) -> int:
+    """``curvgap generate``: write (or, with ``--check``, check) the generated files and
+    verify the written modules."""
     start = time.perf_counter()
     try:
         if args.check:
@@ -159,6 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, GenerationError) as error:
         print(f"curvgap: error: {error}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input)."""
+    args = _parser().parse_args(argv)
+    if args.command == "bench":
+        from ..benchmarks.suite import run
+
+        run(args.config, args.quick, Path(args.out))
+        return 0
+    if args.command == "reproduce":
+        from ..analysis.reproduce import run as reproduce_run
+
+        reproduce_run(args.quick, Path(args.out))
+        return 0
+    if args.command == "latex":
+        return _latex(args.name, Path(args.out), args.pdf)
+    return _generate(args)
 
 
 if __name__ == "__main__":

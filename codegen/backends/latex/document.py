@@ -276,55 +276,81 @@ def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, s
 def document_context(der: Derivation, backend: Backend) -> dict:
     """Everything the LaTeX template needs for ``der``: title, architecture, sections, each
     formula printed by ``backend``'s printer."""
-    config, graph = der.config, der.graph
     notation = _notation(der)
-    builder = Builder(graph, notation, der.directions(), backend.printer)
-    variables = [v.name for v in der.variables]
-    sections = []
+    builder = Builder(der.graph, notation, der.directions(), backend.printer)
+    sections = [_architecture(der, builder), _first_derivatives(der, builder),
+                _second_derivatives(der, builder), _gradient(der, builder),
+                _loss_hessian(der, builder)]
+    if der.config.kind == "block" and der.config.norm_position == "post":
+        sections.append(_paper_objects(der, notation, backend.printer))
+    sections.append(_hessian_vector_products(der, builder))
+    title, description = describe(der.config)
+    functions = [(rf"{name}(x)", _function_lines(expr, rf"{name}(x)"))
+                 for name, expr in notation.functions.items()]
+    return dict(
+        name=der.config.name, title=title, architecture=description.split("\n"),
+        notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
+        functions=functions,
+        sections=sections, shares=[(s.title, *s.counts) for s in sections],
+        total=tuple(map(sum, zip(*(s.counts for s in sections)))))
 
-    def group(name: str) -> list[Assign]:
-        return graph.in_group(name)
 
-    forward = Section("Architecture", "The configured network and its loss, node by node "
+def _architecture(der: Derivation, builder: Builder) -> Section:
+    """The network's nodes and the loss's."""
+    section = Section("Architecture", "The configured network and its loss, node by node "
                       "(per sample; the loss is averaged over the batch).")
-    forward.blocks = builder.blocks(group("forward") + group("loss"))
-    sections.append(forward)
+    section.blocks = builder.blocks(der.graph.in_group("forward") + der.graph.in_group("loss"))
+    return section
 
-    first = Section("First derivatives", r"For each variable $W$, the stored derivatives "
-                    r"$\dot N^{W}$ of the nodes in forward order (the chain rule), then the "
-                    r"output Jacobian $\partial Z / \partial W$ of shape $(L d) \times n_W$.")
-    for v in variables:
+
+def _first_derivatives(der: Derivation, builder: Builder) -> Section:
+    """Per variable: the tangents of the nodes, the output Jacobian, the loss tangents."""
+    section = Section("First derivatives", r"For each variable $W$, the stored derivatives "
+                      r"$\dot N^{W}$ of the nodes in forward order (the chain rule), then the "
+                      r"output Jacobian $\partial Z / \partial W$ of shape $(L d) \times n_W$.")
+    group = der.graph.in_group
+    for v in (v.name for v in der.variables):
         block_list = builder.blocks(group(f"tangent_{v}"))
         block_list += builder.blocks(group(f"jacobian_{v}"),
                                      {f"jacobian_{v}": "Output Jacobian"})
         block_list += builder.blocks(group(f"loss_tangent_{v}"))
         for block in block_list:
             block.title = f"${variable_symbol(v)}$: {block.title}"
-        first.blocks += block_list
-    sections.append(first)
+        section.blocks += block_list
+    return section
 
-    second = Section("Second derivatives", r"For each pair $V \le W$ (in parameter order; "
-                     r"the pair $W, V$ is the same tensor with its direction indices "
-                     r"swapped), the stored second derivatives $\ddot N^{V,W}$ and the "
-                     r"output's $\partial^2 Z / \partial V \partial W$ in the paper's layout "
-                     r"$(L d\, n_V) \times n_W$.")
+
+def _second_derivatives(der: Derivation, builder: Builder) -> Section:
+    """Per pair of variables: the second derivatives of the nodes and the output Hessian."""
+    section = Section("Second derivatives", r"For each pair $V \le W$ (in parameter order; "
+                      r"the pair $W, V$ is the same tensor with its direction indices "
+                      r"swapped), the stored second derivatives $\ddot N^{V,W}$ and the "
+                      r"output's $\partial^2 Z / \partial V \partial W$ in the paper's layout "
+                      r"$(L d\, n_V) \times n_W$.")
+    variables = [v.name for v in der.variables]
     for n, v in enumerate(variables):
         for w in variables[n:]:
-            block_list = builder.blocks(group(f"second_{v}_{w}"),
+            block_list = builder.blocks(der.graph.in_group(f"second_{v}_{w}"),
                                         {f"output_hessian_{v}_{w}": "Output Hessian"})
             for block in block_list:
                 block.title = (f"${variable_symbol(v)}, {variable_symbol(w)}$: "
                                f"{block.title}")
-            second.blocks += block_list
-    sections.append(second)
+            section.blocks += block_list
+    return section
 
-    adjoint = Section("Gradient", r"Reverse mode: the adjoints $\bar N = \partial \ell / "
+
+def _gradient(der: Derivation, builder: Builder) -> Section:
+    """The adjoints of every node (reverse mode)."""
+    section = Section("Gradient", r"Reverse mode: the adjoints $\bar N = \partial \ell / "
                       r"\partial N$ of the per-sample loss, from the loss back to the "
                       r"parameters and the input.")
-    adjoint.blocks = builder.blocks(group("adjoints"))
-    sections.append(adjoint)
+    section.blocks = builder.blocks(der.graph.in_group("adjoints"))
+    return section
 
-    hessian = Section("Loss Hessian", r"Each block $H_{V,W} = H^{\mathrm{GN}}_{V,W} + "
+
+def _loss_hessian(der: Derivation, builder: Builder) -> Section:
+    """Each loss-Hessian block, as its Gauss–Newton and functional parts."""
+    section = Section("Loss Hessian", r"Each block $H_{V,W} = H^{\mathrm{GN}}_{V,W} + "
                       r"H^{\mathrm{F}}_{V,W}$ of shape $n_V \times n_W$: the Gauss--Newton "
                       r"part $J_V^{\top} (\partial^2 \ell / \partial Z^2) J_W$ and the "
                       r"functional part $(\partial \ell / \partial Z \otimes I_{n_V}) "
@@ -333,31 +359,21 @@ def document_context(der: Derivation, backend: Backend) -> dict:
                       r"batch; the $X, X$ block is per sample.")
     for v, w in der.nodes("loss_hessian"):
         block = Block(f"${variable_symbol(v)}, {variable_symbol(w)}$")
-        for assign in group(f"loss_hessian_{v}_{w}"):
+        for assign in der.graph.in_group(f"loss_hessian_{v}_{w}"):
             block.formulas.append(builder.formula(
                 assign, note="averaged over the batch" if assign.mean_over_batch else ""))
-        hessian.blocks.append(block)
-    sections.append(hessian)
+        section.blocks.append(block)
+    return section
 
-    if config.kind == "block" and config.norm_position == "post":
-        sections.append(_paper_objects(der, notation, backend.printer))
 
-    hvp = Section("Hessian-vector products", r"Forward mode over the gradient: the "
-                  r"directional derivatives $\dot N^{v}$ of every node and adjoint along "
-                  r"the direction $v$, then $(Hv)_W = \dot{\bar W}^{v}$.")
+def _hessian_vector_products(der: Derivation, builder: Builder) -> Section:
+    """Forward mode over the gradient, in the parameters and in the input."""
+    section = Section("Hessian-vector products", r"Forward mode over the gradient: the "
+                      r"directional derivatives $\dot N^{v}$ of every node and adjoint along "
+                      r"the direction $v$, then $(Hv)_W = \dot{\bar W}^{v}$.")
     for label in ("params", "X"):
-        hvp.blocks += builder.blocks(group(f"hvp_{label}"))
-    sections.append(hvp)
-
-    title, description = describe(config)
-    functions = [(rf"{name}(x)", _function_lines(expr, rf"{name}(x)"))
-                 for name, expr in notation.functions.items()]
-    return dict(
-        name=config.name, title=title, architecture=description.split("\n"),
-        notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
-        functions=functions,
-        sections=sections, shares=[(s.title, *s.counts) for s in sections],
-        total=tuple(map(sum, zip(*(s.counts for s in sections)))))
+        section.blocks += builder.blocks(der.graph.in_group(f"hvp_{label}"))
+    return section
 
 
 def _paper_objects(der: Derivation, notation: Notation,
