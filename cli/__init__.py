@@ -9,44 +9,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..codegen.backends import backend
-from ..codegen.generate import GenerationError, generate, load_configs, stale_files
+from ..codegen.backends import MODULE_BACKENDS
+from ..codegen.generate import (
+    GenerationError,
+    generate,
+    load_configs,
+    output_folder,
+    relative_path,
+    stale_files,
+)
 from ..derivations.config import ConfigError
-
-VERIFY_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
-TOLERANCE = 1e-10
-
-
-def _load_module(path: Path):
-    spec = importlib.util.spec_from_file_location(f"_curvgap_check_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _verify(paths: list[Path], configs: dict) -> bool:
-    """Check each written module against torch.func and print a table."""
-    from ..codegen.verify import check_module
-
-    print(f"\nverification against torch.func (float64, B = 2, sizes {VERIFY_DIMS}):")
-    print(f"  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
-    ok = True
-    for path in paths:
-        config = configs[path.stem]
-        errors = check_module(config, _load_module(path), path.parent.name, VERIFY_DIMS)
-        worst = max(errors, key=errors.get)
-        passed = errors[worst] <= TOLERANCE
-        ok &= passed
-        print(f"  {path.stem:<22}{path.parent.name:<9}{len(errors):>7}  {errors[worst]:>15.2e}"
-              f"  {worst}{'' if passed else '  FAILED'}")
-    return ok
+from .verification import verify
 
 
 def _latex(name: str, out: Path, pdf: bool) -> int:
@@ -138,15 +117,21 @@ def _generate(args: argparse.Namespace) -> int:
             return 0
         print("deriving and generating:")
         written = generate(args.config, args.out, args.force)
-        print(f"wrote {len(written)} files in {time.perf_counter() - start:.1f} s:")
-        for path in written:
-            print(f"  {path}")
+        if written:
+            print(f"wrote {len(written)} files in {time.perf_counter() - start:.1f} s:")
+            for path in written:
+                print(f"  {path}")
+        else:
+            print(f"nothing changed: every file is current ({time.perf_counter() - start:.1f} s)")
         if not args.no_verify:
-            configs = {c.name: c for c in load_configs(args.config)}
-            modules = [p for p in written if backend(p.parent.name).writes_modules]
-            if not _verify(modules, configs):
+            folder = output_folder(args.out)
+            configs = {c.name: c for c in load_configs(args.config, folder)}
+            modules = [folder / relative_path(c, b) for c in configs.values()
+                       for b in MODULE_BACKENDS]
+            if not verify(modules, configs):
                 print("verification FAILED", file=sys.stderr)
                 return 1
+            print(f"done in {time.perf_counter() - start:.1f} s")
         return 0
     except (ConfigError, GenerationError) as error:
         print(f"curvgap: error: {error}", file=sys.stderr)

@@ -36,6 +36,12 @@ APPLIES_TO = {
 }
 
 
+#: The longest config name (it names the generated files).
+MAX_NAME = 64
+#: The largest config file read, in bytes (a config is a few lines).
+MAX_BYTES = 1 << 20
+
+
 class ConfigError(ValueError):
     """A config entry that is unknown, mistyped or out of range."""
 
@@ -83,6 +89,12 @@ def validate(data: dict, source: str = "config") -> Config:
         raise ConfigError(f"{source}: 'name' must be a Python identifier (letters, digits, "
                           f"underscores, not starting with a digit, not a keyword), "
                           f"got {name!r}")
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"{source}: 'name' must have at most {MAX_NAME} characters (it "
+                          f"names files), got {len(name)} characters")
+    if name.startswith("__"):
+        raise ConfigError(f"{source}: 'name' must not start with '__' (names such as "
+                          f"__init__ are Python's own module files), got {name!r}")
     from .losses import names as loss_names
 
     for key, allowed in {**CHOICES, "loss": loss_names()}.items():
@@ -106,13 +118,27 @@ def validate(data: dict, source: str = "config") -> Config:
 
 
 def load(path: str | Path) -> Config:
-    """Parse and validate one TOML config file."""
+    """Parse and validate one TOML config file (UTF-8, at most :data:`MAX_BYTES`)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config: expected a TOML file, got the folder {str(path)!r}")
     try:
         with path.open("rb") as handle:
-            data = tomllib.load(handle)
+            data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"--config: no such file {str(path)!r}") from None
+    except OSError as error:
+        raise ConfigError(f"--config: cannot read {str(path)!r}: {error.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{path}: expected a config of at most {MAX_BYTES} bytes, got a "
+                          "larger file (a config is a few lines of TOML)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: expected UTF-8 text (TOML is UTF-8), got byte "
+                          f"0x{data[error.start]:02x} at position {error.start}") from None
+    try:
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return validate(data, str(path))
+    return validate(table, str(path))

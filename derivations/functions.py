@@ -60,6 +60,18 @@ class softplus(sp.Function):  # noqa: N801
                 rf"\left({printer._print(self.args[0])}\right)")
 
 
+#: The elementwise functions every array backend prints (besides powers and arithmetic).
+PRINTABLE: tuple[type, ...] = (sp.exp, sp.log, sp.tanh, sp.cosh, sp.sinh, sp.cos, sp.sin,
+                               sp.tan, sp.sign, sp.erf, sp.Abs, sp.Max, sp.Heaviside, sp.sech,
+                               sigmoid, softplus)
+
+
+def unprintable(expr: sp.Expr) -> list[str]:
+    """The names of the functions in ``expr`` that no backend prints (empty when none)."""
+    found = {type(a) for a in expr.atoms(sp.Function, sp.Max, sp.Min, sp.Piecewise)}
+    return sorted(f.__name__ for f in found if f not in PRINTABLE)
+
+
 def stable_form(expr: sp.Expr) -> sp.Expr:
     """``expr`` with ``tanh(u)²`` written ``1 − sech(u)²``, so that ``1 − tanh(u)²`` becomes
     ``sech(u)²`` (exact where the difference would cancel)."""

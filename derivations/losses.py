@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from .functions import ScalarFn, x
+from .functions import PRINTABLE, ScalarFn, unprintable, x
 from .graph import Graph, Tensor
 from .softmax import log_sum_exp_rows
 
@@ -25,13 +25,35 @@ _RESIDUAL: dict[str, sp.Expr] = {}
 
 def register_residual_loss(name: str, expr: sp.Expr) -> None:
     """Make ``loss = "<name>"`` mean ``mean_ij f(Z_ij - T_ij)`` with ``f = expr``, a SymPy
-    expression of :data:`r`, twice differentiable (for example ``log(cosh(r))``)."""
-    if not name.isidentifier() or name in ("mse", "cross_entropy"):
+    expression of :data:`r` (a plain ``Symbol("r")`` is read as it), twice differentiable
+    almost everywhere, and written with functions the backends print (for example
+    ``log(cosh(r))``; ``Piecewise`` is refused: a Huber-like loss can be written
+    ``sqrt(1 + r**2) - 1``)."""
+    if not isinstance(name, str) or not name.isidentifier() or name in ("mse", "cross_entropy"):
         raise ValueError(f"name: expected a new identifier for the loss, got {name!r}")
-    expr = sp.sympify(expr)
+    try:
+        expr = sp.sympify(expr, strict=True)
+    except (sp.SympifyError, TypeError):
+        raise TypeError(f"expr: expected a SymPy expression of r, got {expr!r} "
+                        f"({type(expr).__name__})") from None
+    expr = expr.subs({s: r for s in expr.free_symbols if s.name == "r"})
     if expr.free_symbols - {r}:
         raise ValueError(f"expr: expected an expression of the residual r alone, got free "
-                         f"symbols {sorted(map(str, expr.free_symbols))}")
+                         f"symbols {sorted(map(str, expr.free_symbols - {r}))}")
+    if r not in expr.free_symbols:
+        raise ValueError(f"expr: expected an expression that depends on the residual r, got "
+                         f"the constant {expr} (its derivatives are all zero)")
+    fn = ScalarFn(name, expr.subs(r, x))
+    for order, derived in enumerate((fn, fn.diff(), fn.diff().diff())):
+        if derived.expr.has(sp.zoo, sp.oo, -sp.oo, sp.nan):
+            raise ValueError(f"expr: expected a finite loss, but its derivative of order "
+                             f"{order} is {derived.expr.subs(x, r)}")
+        missing = unprintable(derived.expr)
+        if missing:
+            raise ValueError(
+                f"expr: its derivative of order {order} uses {', '.join(missing)}, which the "
+                "generated code does not print (it prints "
+                + ", ".join(f.__name__ for f in PRINTABLE) + ", powers and arithmetic)")
     _RESIDUAL[name] = expr
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,12 @@ from curvgap.codegen.resources import shipped_configs
 from curvgap.derivations.config import load
 
 BACKENDS = tuple(b.name for b in MODULE_BACKENDS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _verification_cache(tmp_path_factory):
+    """The CLI's record of verified modules, kept out of the user's home during the tests."""
+    os.environ["CURVGAP_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 SHIPPED = {path.stem: load(path) for path in shipped_configs()}
 
 

@@ -102,8 +102,9 @@ def test_failed_generation_writes_nothing(tmp_path, capsys, monkeypatch):
         return real(config)
 
     monkeypatch.setattr(generation, "derive", derive_then_fail)
-    (out / "numpy" / "layernorm.py").write_text(
-        (out / "numpy" / "layernorm.py").read_text().replace("# source-hash: ", "# source-hash: 0"))
+    for stale in ("numpy/layernorm.py", "torch/layernorm_affine.py"):  # both to be derived
+        (out / stale).write_text((out / stale).read_text().replace("# source-hash: ",
+                                                                   "# source-hash: 0"))
     changed = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(RuntimeError, match="derivation failed"):
         generate([CONFIGS / "layernorm.toml", CONFIGS / "layernorm_affine.toml"], out, **quiet)

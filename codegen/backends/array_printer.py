@@ -12,6 +12,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
+from ...derivations.functions import PRINTABLE
 from .. import calls, ir
 
 #: Size symbols: scalars at run time (Python ints), printed with ``**``.
@@ -32,8 +33,8 @@ class ArrayPrinter(PythonCodePrinter):
     def _unsupported(self, expr: sp.Function) -> str:
         # SymPy's Python printer would fall back to the math module, which takes no arrays
         raise ValueError(f"no {self.module} code for the function {type(expr).__name__}; "
-                         f"the array functions printed are: {', '.join(ARRAY_FUNCTIONS)}, "
-                         "erf, Abs, Max, Heaviside, sech, sigmoid, softplus")
+                         "the array functions printed are: "
+                         + ", ".join(f.__name__ for f in PRINTABLE))
 
     def _constant(self, expr: sp.Expr) -> str:
         return repr(float(expr))

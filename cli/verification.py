@@ -1,0 +1,102 @@
+"""The verification table of ``curvgap generate``: each generated module against
+``torch.func`` at small sizes, skipped for a module verified before in the same form.
+
+A pass is remembered by the SHA-256 of the module's text, the sizes, the tolerance and the
+torch version, in ``$CURVGAP_CACHE`` (default ``~/.cache/curvgap``)``/verified.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..codegen.verify import check_module
+from ..derivations.config import Config
+
+TOLERANCE = 1e-10
+#: Sizes of the check: L, d, d_k, d_ff all differ; d is raised to a multiple of the heads.
+BASE_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
+
+
+def verify_dims(config: Config) -> dict[str, int]:
+    """The sizes a module of ``config`` is checked at (``d`` divisible by its heads)."""
+    d = BASE_DIMS["d"]
+    while d % config.heads or d in (BASE_DIMS["L"], BASE_DIMS["d_k"], BASE_DIMS["d_ff"]):
+        d += 1
+    return {**BASE_DIMS, "d": d}
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("CURVGAP_CACHE") or Path.home() / ".cache" / "curvgap"
+    return Path(root) / "verified.json"
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache: dict) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
+                                         suffix=".tmp") as handle:
+            json.dump(cache, handle, indent=1)
+        os.replace(handle.name, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a rerun next time
+
+
+def _key(path: Path, dims: dict[str, int]) -> str:
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(json.dumps([dims, TOLERANCE, torch.__version__]).encode())
+    return digest.hexdigest()
+
+
+def _load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_curvgap_check_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def verify(paths: list[Path], configs: dict[str, Config]) -> bool:
+    """Check each module of ``paths`` against torch.func and print a row each (a module
+    verified before is not run again); whether all passed."""
+    print(f"\nverification against torch.func (float64, B = 2, L = {BASE_DIMS['L']}, "
+          f"d_k = {BASE_DIMS['d_k']}, d_ff = {BASE_DIMS['d_ff']}, d = 6 or the next multiple "
+          "of the heads; tolerance 1e-10 relative):")
+    print(f"  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
+    cache, ok = _read_cache(), True
+    for path in paths:
+        config = configs[path.stem]
+        dims = verify_dims(config)
+        key = _key(path, dims)
+        row = f"  {path.stem:<22}{path.parent.name:<9}"
+        if key in cache:
+            count, error, worst = cache[key]
+            print(f"{row}{count:>7}  {error:>15.2e}  {worst}  (verified before)", flush=True)
+            continue
+        start = time.perf_counter()
+        print(row, end="", flush=True)  # the module being checked, its numbers when done
+        errors = check_module(config, _load_module(path), path.parent.name, dims)
+        worst = max(errors, key=errors.get)
+        passed = errors[worst] <= TOLERANCE
+        ok &= passed
+        print(f"{len(errors):>7}  {errors[worst]:>15.2e}  {worst}"
+              f"{'' if passed else '  FAILED'}  ({time.perf_counter() - start:.1f} s)",
+              flush=True)
+        if passed:
+            cache[key] = [len(errors), errors[worst], worst]
+            _write_cache(cache)
+    return ok
