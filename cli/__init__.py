@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -138,9 +139,30 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
 
 
+#: The optional packages each command needs, and the extra that installs them.
+EXTRAS = {"bench": (("matplotlib",), "bench"),
+          "reproduce": (("matplotlib", "scipy", "sklearn"), "analysis")}
+
+
+def _missing_extra(command: str) -> str | None:
+    """What ``command`` lacks, as a one-line message saying how to install it (None when
+    nothing is missing)."""
+    modules, extra = EXTRAS.get(command, ((), ""))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    names = ", ".join("scikit-learn" if m == "sklearn" else m for m in missing)
+    return (f"curvgap {command} needs {names}; install it with "
+            f"pip install -e \".[{extra}]\" (or pip install 'curvgap[{extra}]')")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input)."""
     args = _parser().parse_args(argv)
+    missing = _missing_extra(args.command)
+    if missing:
+        print(f"curvgap: error: {missing}", file=sys.stderr)
+        return 2
     if args.command == "bench":
         from ..benchmarks.suite import run
 
