@@ -123,8 +123,8 @@ def render_all(configs: list[Config], report: Callable[[str], None] = print) -> 
 def file_state(path: Path, expected: str) -> str:
     """``"current"`` (the text ``expected``), ``"missing"``, ``"stale"`` (generated from other
     sources) or ``"hand-edited"`` (its body does not match its own recorded hash)."""
-    if not path.exists():
-        return "missing"
+    if not path.is_file():
+        return "missing"  # or not a file, which the write refuses
     text = path.read_text(encoding="utf-8", errors="replace")
     if text == expected:
         return "current"

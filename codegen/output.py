@@ -73,9 +73,11 @@ def check_foreign(out: Path, backends: Iterable[str], header: str,
         if entry.name not in names or not entry.is_dir() or entry.is_symlink():
             _foreign(out, entry)
         for item in entry.iterdir():
-            if item.name in ("__init__.py", "__pycache__") or item in replaced:
+            if item.name in ("__init__.py", "__pycache__"):
                 continue
-            if not item.is_file() or item.is_symlink() or not _starts_with(item, header):
+            if not item.is_file() or item.is_symlink():
+                _foreign(out, item)
+            if item not in replaced and not _starts_with(item, header):
                 _foreign(out, item)
 
 

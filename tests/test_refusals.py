@@ -118,6 +118,34 @@ def test_bad_output_folders(tmp_path, out, capsys):
     assert snapshot(out) == {**before, "notes.txt": b"mine"}
 
 
+@pytest.mark.parametrize("where, make", [
+    ("torch", lambda folder: _replace(folder / "torch", "file")),
+    ("numpy/layernorm.py", lambda folder: _replace(folder / "numpy" / "layernorm.py", "folder")),
+    ("latex/layernorm.tex", lambda folder: _replace(folder / "latex" / "layernorm.tex", "link")),
+])
+def test_a_path_of_the_output_that_is_not_what_curvgap_wrote(where, make, out, capsys):
+    make(out)  # which also leaves a file to write
+    before = snapshot(out)
+    _refused(capsys, ["--config", str(CONFIGS / "layernorm.toml"), "--out", str(out), "--force"],
+             f"holds '{where}', which curvgap did not write")
+    assert snapshot(out) == before
+
+
+def _replace(path, kind: str) -> None:
+    if path.is_dir():
+        for item in path.iterdir():
+            item.unlink()
+        path.rmdir()
+    else:
+        path.unlink()
+    if kind == "file":
+        path.write_text("mine")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.parent / "elsewhere.tex")
+
+
 @pytest.mark.parametrize("command, package, extra", [("bench", "matplotlib", "bench"),
                                                      ("reproduce", "scipy", "analysis")])
 def test_a_missing_extra_says_what_to_install(command, package, extra, monkeypatch, capsys):
