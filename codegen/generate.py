@@ -31,6 +31,10 @@ class GenerationError(RuntimeError):
     """Generation refused or failed; the output folder was left as it was."""
 
 
+class RefusedOutput(GenerationError, ValueError):
+    """The output folder given, or what it holds, is not one generation may write."""
+
+
 @dataclass
 class Rendered:
     config: Config
@@ -166,20 +170,32 @@ def write(rendered: list[Rendered], out_dir: Path, force: bool = False) -> list[
     afterwards the folder is wholly new or, on any error or kill, as it was. Refuses, writing
     nothing, to overwrite a hand-edited file unless ``force`` is set, and to touch a folder
     holding files curvgap did not write."""
-    output.recover(out_dir)
+    _recover(out_dir)
     if not force:
         edited = [item.relative_path for item in rendered
                   if file_state(out_dir / item.relative_path, item.text) == "hand-edited"]
         if edited:
-            raise GenerationError("refusing to overwrite hand-edited files (use --force): "
-                                  + ", ".join(str(out_dir / p) for p in edited))
+            raise RefusedOutput("refusing to overwrite hand-edited files (use --force): "
+                                + ", ".join(str(out_dir / p) for p in edited))
     try:
         output.check_foreign(out_dir, [b.name for b in BACKENDS], HEADER_MARK,
                              [item.relative_path for item in rendered])
+    except output.OutputError as error:
+        raise RefusedOutput(f"{error}; {out_dir} was left as it was") from None
+    try:
         output.switch(out_dir, {item.relative_path: item.text for item in rendered})
-    except (output.OutputError, OSError) as error:
+    except OSError as error:
         raise GenerationError(f"{error}; {out_dir} was left as it was") from None
     return [out_dir / item.relative_path for item in rendered]
+
+
+def _recover(folder: Path) -> None:
+    """Clean what an interrupted run left beside ``folder`` (:func:`output.recover`)."""
+    try:
+        output.recover(folder)
+    except OSError as error:
+        raise GenerationError(f"cannot clean what an interrupted run left beside {folder}: "
+                              f"{error}") from None
 
 
 def load_configs(paths: list[str | Path] | None = None,
@@ -215,14 +231,14 @@ def output_folder(out_dir: str | Path | None) -> Path:
     if out_dir is None:
         return GENERATED
     if str(out_dir).strip() == "":
-        raise GenerationError("--out: expected a folder path, got an empty string (an unset "
+        raise RefusedOutput("--out: expected a folder path, got an empty string (an unset "
                               "variable?); leave --out out to write the package's generated/")
     path = Path(out_dir)
     if path.is_symlink() and not path.exists():
-        raise GenerationError(f"--out: expected a folder, got {str(path)!r}, a symbolic link "
+        raise RefusedOutput(f"--out: expected a folder, got {str(path)!r}, a symbolic link "
                               f"to the missing {os.readlink(path)!r}")
     if path.exists() and not path.is_dir():
-        raise GenerationError(f"--out: expected a folder, got {str(path)!r}, which is a file")
+        raise RefusedOutput(f"--out: expected a folder, got {str(path)!r}, which is a file")
     return path
 
 
@@ -233,7 +249,7 @@ def generate(paths: list[str | Path] | None = None, out_dir: str | Path | None =
     files are current; the files written. The Python API of ``curvgap generate``."""
     folder = output_folder(out_dir)
     configs = load_configs(paths, folder)
-    output.recover(folder)
+    _recover(folder)
     changed = []
     for config in configs:
         if all(recorded_state(folder / relative_path(config, b), config, b) == "current"

@@ -235,3 +235,18 @@ def test_every_printable_function_prints_in_every_backend():
             expr = function(u, 0) if function is sp.Max else function(u)
             assert "u" in printer.doprint(expr), (backend.name, function)
     assert SHIPPED  # the shipped configs load (the fixture the modules above come from)
+
+
+def test_the_python_api_raises_value_errors_for_bad_arguments(tmp_path, out):
+    """The same refusals from Python: ValueError subclasses naming the argument."""
+    from curvgap.derivations.config import ConfigError
+
+    config = [CONFIGS / "ffn.toml"]
+    with pytest.raises(ValueError, match="--out: expected a folder path"):
+        generate(config, "", report=lambda line: None)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="which curvgap did not write"):
+        generate(config, out, report=lambda line: None)
+    with pytest.raises(ConfigError, match="expected a TOML file, got the folder"):
+        generate([tmp_path], tmp_path / "elsewhere", report=lambda line: None)
+    assert not (tmp_path / "elsewhere").exists()
