@@ -29,8 +29,9 @@ from ..derivations.config import ConfigError
 from .verification import verify
 
 
-def _latex(name: str, out: Path, pdf: bool) -> int:
+def _latex(name: str, out: str, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
+    from ..codegen import output
     from ..codegen.backends import latex
     from ..codegen.generate import render
     from ..codegen.resources import CONFIGS
@@ -43,9 +44,14 @@ def _latex(name: str, out: Path, pdf: bool) -> int:
         print(f"curvgap: error: NAME: expected a shipped config name or a .toml file, got "
               f"{name!r} ({error})", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    tex = out / f"{config.name}.tex"
-    tex.write_text(render(derive(config), latex.BACKEND))
+    try:
+        out = output_folder(out)
+        out.mkdir(parents=True, exist_ok=True)
+        tex = out / f"{config.name}.tex"
+        output.write_file(tex, render(derive(config), latex.BACKEND))
+    except (GenerationError, OSError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
     print(f"wrote {tex}")
     if not pdf:
         return 0
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         reproduce_run(args.quick, Path(args.out))
         return 0
     if args.command == "latex":
-        return _latex(args.name, Path(args.out), args.pdf)
+        return _latex(args.name, args.out, args.pdf)
     return _generate(args)
 
 

@@ -105,6 +105,16 @@ def switch(out: Path, files: dict[str, str]) -> None:
         pass
 
 
+def write_file(path: Path, text: str) -> None:
+    """Write one file whole or not at all: a flushed temporary beside it, then a rename."""
+    temporary = path.with_name(f".{path.name}.curvgap-new")
+    try:
+        _write_durably(temporary, text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def _copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))

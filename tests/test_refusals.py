@@ -250,3 +250,12 @@ def test_the_python_api_raises_value_errors_for_bad_arguments(tmp_path, out):
     with pytest.raises(ConfigError, match="expected a TOML file, got the folder"):
         generate([tmp_path], tmp_path / "elsewhere", report=lambda line: None)
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_latex_refuses_a_file_as_its_folder(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert cli.main(["latex", "ffn", "--out", str(afile)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"curvgap: error: --out: expected a folder, got {str(afile)!r}, which is a file")
+    assert afile.read_text() == "mine"
