@@ -31,6 +31,9 @@ APPLIES_TO = {
     "heads": ("block", "self_attention"),
     "causal": ("block", "self_attention"),
     "out_proj": ("block", "self_attention"),
+    "attention_bias": ("block", "self_attention"),
+    "attention_scale": ("block", "self_attention"),
+    "norm_bias": ("block", "layernorm"),
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
 }
@@ -57,6 +60,9 @@ class Config:
     heads: int = 1
     causal: bool = False
     out_proj: bool = False
+    attention_bias: bool = False
+    attention_scale: float = 0.0  # 0: 1/sqrt(d_k)
+    norm_bias: bool = True
     activation: str = "relu"
     ffn_bias: bool = False
     loss: str = "mse"
@@ -104,13 +110,20 @@ def validate(data: dict, source: str = "config") -> Config:
     eps = float(data.get("eps", 0.0))
     if not math.isfinite(eps) or eps < 0:
         raise ConfigError(f"{source}: 'eps' must be a finite number >= 0, got {eps!r}")
+    scale = float(data.get("attention_scale", 0.0))
+    if not math.isfinite(scale) or scale < 0:
+        raise ConfigError(f"{source}: 'attention_scale' must be a finite number > 0 (or 0 for "
+                          f"1/sqrt(d_k)), got {data['attention_scale']!r}")
     if data.get("heads", 1) < 1:
         raise ConfigError(f"{source}: 'heads' must be >= 1, got {data['heads']!r}")
-    config = Config(**{**data, "eps": eps})
+    config = Config(**{**data, "eps": eps, "attention_scale": scale})
     for key, kinds in APPLIES_TO.items():
         if config.kind not in kinds and getattr(config, key) != known[key]:
             raise ConfigError(f"{source}: '{key}' applies to kind {' or '.join(kinds)}, "
                               f"not to kind '{config.kind}'; remove it")
+    if not config.norm_bias and not (config.norm == "layernorm" and config.affine):
+        raise ConfigError(f"{source}: 'norm_bias' = false drops the beta of an affine "
+                          "LayerNorm; it needs norm = \"layernorm\" and affine = true")
     if config.heads > 1 and not config.out_proj:
         raise ConfigError(f"{source}: heads = {config.heads} needs out_proj = true: "
                           "concatenating heads without W_O is not derived yet")

@@ -1,6 +1,6 @@
 """Row-wise normalisation (LayerNorm, RMSNorm): its nodes in index form, its line of
 description, and its plain-PyTorch forward pass for verification. The options are ``norm``,
-``eps`` and ``affine``.
+``eps``, ``affine`` and ``norm_bias`` (LayerNorm's ``beta``).
 
 LayerNorm of row ``i`` of ``U``:
 ``mu_i = Σ_j U_ij / d``, ``C_ij = U_ij - mu_i``, ``var_i = Σ_j C_ij² / d``,
@@ -76,7 +76,7 @@ def normalize(g: Graph, U: Tensor, config: Config, out_name: str, prefix: str = 
     gamma = g.input(f"gamma{suffix}", (width,), role="param", batched=False)
     params.append(gamma)
     expr = gamma[j] * N[i, j]
-    if kind == "layernorm":
+    if kind == "layernorm" and config.norm_bias:
         beta = g.input(f"beta{suffix}", (width,), role="param", batched=False)
         params.append(beta)
         expr = expr + beta[j]
@@ -90,7 +90,8 @@ def describe(config: Config, argument: str = "U") -> str:
     else:
         formula = "U / sqrt(mean(U**2) + eps)"
     if config.affine:
-        formula += " * gamma" + (" + beta" if config.norm == "layernorm" else "")
+        formula += " * gamma" + (" + beta" if config.norm == "layernorm" and config.norm_bias
+                                 else "")
     return (f"Norm({argument}) = {formula.replace('U', argument)} per row, "
             f"eps = {config.eps!r}")
 

@@ -31,6 +31,16 @@ VARIANTS = {
                             'heads = 2\nout_proj = true\nactivation = "gelu_tanh"'),
     "pre_ln_relu_causal": 'kind = "block"\nnorm_position = "pre"\ncausal = true',
     "ffn_log_cosh": 'kind = "ffn"\nactivation = "silu"\nloss = "log_cosh"',
+    "attention_biases_heads": ('kind = "self_attention"\nheads = 2\ncausal = true\n'
+                               'out_proj = true\nattention_bias = true'),
+    "attention_bias_scale": 'kind = "self_attention"\nattention_bias = true\nattention_scale = 0.3',
+    "post_ln_biases_no_beta": ('attention_bias = true\nout_proj = true\naffine = true\n'
+                               'norm_bias = false\neps = 1e-5\nactivation = "gelu"\n'
+                               'ffn_bias = true'),
+    "pre_ln_encoder_layer": ('norm_position = "pre"\nheads = 2\nout_proj = true\n'
+                             'attention_bias = true\naffine = true\neps = 1e-5\n'
+                             'activation = "gelu"\nffn_bias = true'),
+    "layernorm_no_beta": 'kind = "layernorm"\naffine = true\nnorm_bias = false\neps = 1e-5',
 }
 
 
@@ -76,6 +86,11 @@ def test_custom_loss_module_names_its_loss(variants):
     ({"kind": "self_attention", "activation": "gelu"}, "'activation' applies to kind block or ffn"),
     ({"kind": "block", "heads": 0}, "'heads' must be >= 1, got 0"),
     ({"kind": "block", "loss": "huber"}, "'loss' must be one of mse, cross_entropy"),
+    ({"kind": "block", "norm_bias": False}, "'norm_bias' = false drops the beta of an affine "
+                                            "LayerNorm; it needs norm"),
+    ({"kind": "ffn", "attention_bias": True}, "'attention_bias' applies to kind block or "
+                                              "self_attention"),
+    ({"kind": "block", "attention_scale": -1.0}, "'attention_scale' must be a finite number > 0"),
 ])
 def test_rejected_combinations(data, message):
     with pytest.raises(ConfigError, match=message):
