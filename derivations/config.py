@@ -36,6 +36,7 @@ APPLIES_TO = {
     "norm_bias": ("block", "layernorm"),
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
+    "ffn_gate": ("block", "ffn"),
 }
 
 
@@ -65,6 +66,7 @@ class Config:
     norm_bias: bool = True
     activation: str = "relu"
     ffn_bias: bool = False
+    ffn_gate: bool = False
     loss: str = "mse"
 
 

@@ -40,6 +40,11 @@ VARIANTS = {
     "pre_ln_encoder_layer": ('norm_position = "pre"\nheads = 2\nout_proj = true\n'
                              'attention_bias = true\naffine = true\neps = 1e-5\n'
                              'activation = "gelu"\nffn_bias = true'),
+    "ffn_swiglu": 'kind = "ffn"\nactivation = "silu"\nffn_gate = true',
+    "ffn_geglu_bias": 'kind = "ffn"\nactivation = "gelu"\nffn_gate = true\nffn_bias = true',
+    "pre_rms_swiglu_block": ('norm = "rmsnorm"\nnorm_position = "pre"\naffine = true\n'
+                             'eps = 1e-6\nheads = 2\ncausal = true\nout_proj = true\n'
+                             'activation = "silu"\nffn_gate = true'),
     "layernorm_no_beta": 'kind = "layernorm"\naffine = true\nnorm_bias = false\neps = 1e-5',
 }
 
