@@ -1,0 +1,140 @@
+"""``curvgap.curvature(layer)``: the contract's functions for a real layer, in the layer's own
+parameter order and layout.
+
+The module of the layer's config is generated on first use into
+``$CURVGAP_CACHE/modules`` (default ``~/.cache/curvgap/modules``), named by the config's
+hash, and reused while it is current. Weights are read from the layer at every call. Rows
+and columns of Hessians, entries of HVPs and columns of Jacobians follow
+``torch.cat([p.reshape(-1) for p in layer.parameters()])``; ``wrt`` takes the layer's own
+parameter names (or ``"X"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..codegen.backends import backend as backend_named
+from ..codegen.generate import recorded_state, relative_path, render_all, write
+from .torch_layers import Recognised, recognise
+
+
+def _cache() -> Path:
+    root = os.environ.get("CURVGAP_CACHE") or Path.home() / ".cache" / "curvgap"
+    return Path(root) / "modules"
+
+
+def module_for(recognised: Recognised) -> ModuleType:
+    """The generated torch module of the layer's config (generated once, then reused)."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(recognised.config),
+                                       sort_keys=True).encode()).hexdigest()[:16]
+    config = dataclasses.replace(recognised.config, name=f"layer_{digest}")
+    folder, torch_backend = _cache(), backend_named("torch")
+    path = folder / relative_path(config, torch_backend)
+    if recorded_state(path, config, torch_backend) != "current":
+        write(render_all([config], report=lambda line: None), folder, force=True)
+    spec = importlib.util.spec_from_file_location(f"_curvgap_{config.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Curvature:
+    """Exact derivatives of ``layer``'s loss (the config's: ``"mse"`` is
+    ``F.mse_loss(layer(X), T)``). ``X`` is ``(B, L, d)`` (or one sample ``(L, d)``)."""
+
+    def __init__(self, layer: torch.nn.Module, loss: str = "mse") -> None:
+        self.layer = layer
+        self.recognised = recognise(layer, loss)
+        self.module = module_for(self.recognised)
+        self.names = list(self.recognised.names)
+        shapes = dict(layer.named_parameters())
+        sizes = [shapes[n].numel() for n in self.names]
+        # where each entry of the module's parameters lives in the layer's flat vector
+        offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+        index = {n: torch.arange(o, o + s).reshape(shapes[n].shape)
+                 for n, o, s in zip(self.names, offsets, sizes)}
+        mapped = self.recognised.ours(index)
+        self._ours = [name for name, _ in self.module.PARAMS]
+        self._position = {name: mapped[name].reshape(-1) for name in self._ours}
+        self._owner = {name: self._layer_owner(mapped[name], offsets, sizes)
+                       for name in self._ours}
+
+    def _layer_owner(self, positions: torch.Tensor, offsets: list[int],
+                     sizes: list[int]) -> str:
+        first = int(positions.reshape(-1)[0])
+        for name, offset, size in zip(self.names, offsets, sizes):
+            if offset <= first < offset + size:
+                return name
+        raise AssertionError("a parameter entry outside the layer")
+
+    # -- the layer's parameters as the module's -------------------------------------------
+    def params(self) -> dict[str, torch.Tensor]:
+        """The module's parameters, read from the layer now."""
+        values = {n: p.detach() for n, p in self.layer.named_parameters()}
+        return {n: v.contiguous() for n, v in self.recognised.ours(values).items()}
+
+    def _ours_of(self, wrt: str | list[str] | None) -> tuple[list[str], torch.Tensor]:
+        """The module's parameters that make up the layer's ``wrt``, and the permutation
+        from their concatenation to the layer's order of ``wrt``."""
+        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+        unknown = [n for n in names if n not in self.names]
+        if unknown:
+            raise ValueError(f"wrt: expected 'X' or names of the layer's parameters "
+                             f"{self.names}, got {unknown}")
+        ours = [n for n in self._ours if self._owner[n] in names]
+        positions = torch.cat([self._position[n] for n in ours])
+        # renumber the layer's positions of the requested parameters 0..n-1, in layer order
+        order = torch.argsort(positions)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
+        return ours, torch.argsort(rank)
+
+    # -- the contract -----------------------------------------------------------------------
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        """The layer's output ``(B, L, d)``."""
+        return self.module.forward(self.params(), X)
+
+    def loss(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """The loss averaged over the batch (a scalar)."""
+        return self.module.loss(self.params(), X, T)
+
+    def jacobian(self, X: torch.Tensor, wrt: str) -> torch.Tensor:
+        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, L·d, n_wrt)``, columns in the layout of
+        the layer's parameter ``wrt`` (or of ``X``)."""
+        if wrt == "X":
+            return self.module.jacobian(self.params(), X, "X")
+        ours, back = self._ours_of(wrt)
+        params = self.params()
+        J = torch.cat([self.module.jacobian(params, X, n) for n in ours], dim=-1)
+        return J[..., back]
+
+    def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
+                     part: str = "full") -> torch.Tensor:
+        """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the layer's
+        order; ``part`` ``"full"``, ``"gauss_newton"`` or ``"functional"``. ``wrt="X"``:
+        per sample ``(B, L·d, L·d)``."""
+        if wrt == "X":
+            return self.module.loss_hessian(self.params(), X, T, wrt="X", part=part)
+        ours, back = self._ours_of(wrt)
+        H = self.module.loss_hessian(self.params(), X, T, wrt=ours, part=part)
+        return H[back][:, back]
+
+    def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+            wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The loss Hessian over ``wrt`` times ``v`` (both in the layer's order), ``(n,)``."""
+        ours, back = self._ours_of(wrt)
+        if v.shape != back.shape:
+            raise ValueError(f"v: expected shape {tuple(back.shape)} (the entries of "
+                             f"{wrt or 'every parameter'}), got shape {tuple(v.shape)}")
+        v_ours = torch.empty_like(v)
+        v_ours[back] = v
+        out = self.module.hvp(self.params(), X, T, v_ours, wrt=ours)
+        return out[back]

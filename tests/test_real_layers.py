@@ -1,0 +1,180 @@
+"""``curvgap.curvature`` on real PyTorch layers with random nonzero weights and biases,
+float64, against reverse-over-reverse autograd on the layer itself (MATH attention kernel),
+backed by finite differences of the gradient; and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import curvgap
+from curvgap.adapters import UnsupportedLayer
+
+L, D, HEADS, D_FF, B = 3, 4, 2, 6, 2  # d_k = 2: L, d, d_k, d_ff all differ
+
+
+def encoder_layer(norm_first: bool, activation: str, bias: bool, heads: int = HEADS,
+                  batch_first: bool = True, seed: int = 0) -> torch.nn.TransformerEncoderLayer:
+    torch.manual_seed(seed)
+    layer = torch.nn.TransformerEncoderLayer(D, heads, D_FF, dropout=0.1, activation=activation,
+                                             layer_norm_eps=1e-5, batch_first=batch_first,
+                                             norm_first=norm_first, bias=bias,
+                                             dtype=torch.float64)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
+    return layer.eval()
+
+
+def output(layer, X):
+    with sdpa_kernel(SDPBackend.MATH):
+        return layer(X) if layer.self_attn.batch_first else layer(X.transpose(0, 1)).transpose(0, 1)
+
+
+def reference_hessian(layer, X, T) -> torch.Tensor:
+    """Reverse over reverse on the layer: each row the gradient of one gradient entry."""
+    params = list(layer.parameters())
+    with sdpa_kernel(SDPBackend.MATH):
+        gradient = torch.autograd.grad(F.mse_loss(output(layer, X), T), params,
+                                       create_graph=True)
+        flat = torch.cat([g.reshape(-1) for g in gradient])
+        rows = [torch.cat([r.reshape(-1) for r in torch.autograd.grad(
+            flat[k], params, retain_graph=True)]) for k in range(flat.numel())]
+    return torch.stack(rows)
+
+
+def gradient(layer, X, T) -> torch.Tensor:
+    with sdpa_kernel(SDPBackend.MATH):
+        grads = torch.autograd.grad(F.mse_loss(output(layer, X), T), list(layer.parameters()))
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def relative(value, reference) -> float:
+    return float((value - reference).abs().max() / reference.abs().max())
+
+
+LAYERS = [(False, "relu", True), (True, "gelu", True), (False, "gelu", False),
+          (True, "relu", False)]
+
+
+@pytest.fixture(scope="module", params=LAYERS,
+                ids=lambda p: f"{'pre' if p[0] else 'post'}-{p[1]}-{'bias' if p[2] else 'nobias'}")
+def case(request):
+    layer = encoder_layer(*request.param)
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
+    T = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
+    return layer, curvgap.curvature(layer), X, T, reference_hessian(layer, X, T)
+
+
+def test_forward_and_loss_equal_the_layer(case):
+    layer, c, X, T, _ = case
+    with torch.no_grad():
+        assert relative(c.forward(X), output(layer, X)) <= 1e-12
+        assert relative(c.loss(X, T), F.mse_loss(output(layer, X), T)) <= 1e-12
+
+
+def test_loss_hessian_in_the_layers_order_equals_autograd(case):
+    layer, c, X, T, H = case
+    n = sum(p.numel() for p in layer.parameters())
+    mine = c.loss_hessian(X, T)
+    assert mine.shape == (n, n)
+    assert relative(mine, H) <= 1e-10
+
+
+def test_gauss_newton_part_equals_autograd(case):
+    layer, c, X, T, _ = case
+    params = dict(layer.named_parameters())
+    names = list(params)
+
+    def out(*values):
+        return torch.func.functional_call(layer, dict(zip(names, values)), (X,)).reshape(-1)
+
+    with sdpa_kernel(SDPBackend.MATH):
+        J = torch.cat([j.reshape(X.numel(), -1) for j in torch.autograd.functional.jacobian(
+            out, tuple(params.values()))], dim=1)
+    GN = 2 / X.numel() * J.T @ J  # mse_loss: the mean of squares over every entry
+    assert relative(c.loss_hessian(X, T, part="gauss_newton"), GN) <= 1e-10
+
+
+def test_hvp_and_a_block_by_name(case):
+    layer, c, X, T, H = case
+    v = torch.randn(H.shape[0], generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    assert relative(c.hvp(X, T, v), H @ v) <= 1e-10
+    names = [n for n, _ in layer.named_parameters()]
+    sizes = [p.numel() for p in layer.parameters()]
+    start = sum(sizes[:names.index("self_attn.in_proj_weight")])
+    stop = start + sizes[names.index("self_attn.in_proj_weight")]
+    block = c.loss_hessian(X, T, wrt="self_attn.in_proj_weight")
+    assert relative(block, H[start:stop, start:stop]) <= 1e-10
+
+
+def test_jacobian_in_the_layout_of_the_layers_parameter(case):
+    layer, c, X, _, _ = case
+    weight = layer.linear1.weight
+
+    def out(w):
+        return torch.func.functional_call(layer, {"linear1.weight": w}, (X,))
+
+    with sdpa_kernel(SDPBackend.MATH):
+        J = torch.autograd.functional.jacobian(out, weight.detach())
+    J = J.reshape(B, L * D, -1)
+    assert relative(c.jacobian(X, "linear1.weight"), J) <= 1e-10
+
+
+def test_hessian_columns_equal_finite_differences_of_the_gradient(case):
+    layer, c, X, T, _ = case
+    H = c.loss_hessian(X, T)
+    flat = torch.nn.utils.parameters_to_vector(layer.parameters()).detach()
+    for k in (0, flat.numel() // 2, flat.numel() - 1):
+        step = 1e-6 * max(1.0, float(flat[k].abs()))
+        columns = []
+        for sign in (1, -1):
+            shifted = flat.clone()
+            shifted[k] += sign * step
+            torch.nn.utils.vector_to_parameters(shifted, layer.parameters())
+            columns.append(gradient(layer, X, T))
+        torch.nn.utils.vector_to_parameters(flat, layer.parameters())
+        fd = (columns[0] - columns[1]) / (2 * step)
+        assert relative(H[:, k], fd) <= 1e-6
+
+
+def test_weights_are_read_at_call_time():
+    layer = encoder_layer(False, "relu", True)
+    c = curvgap.curvature(layer)
+    X = torch.randn(B, L, D, dtype=torch.float64)
+    with torch.no_grad():
+        layer.linear2.bias.add_(1.0)
+        assert relative(c.forward(X), output(layer, X)) <= 1e-12
+
+
+def test_sequence_first_layers_take_batch_first_inputs():
+    layer = encoder_layer(True, "gelu", True, heads=1, batch_first=False)
+    X = torch.randn(B, L, D, dtype=torch.float64)
+    with torch.no_grad():
+        assert relative(curvgap.curvature(layer).forward(X), output(layer, X)) <= 1e-12
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda layer: layer.train(), "layer.dropout: the layer is in training mode with dropout"),
+    (lambda layer: setattr(layer, "activation", torch.nn.SiLU()),
+     "layer.activation: expected relu or gelu, got SiLU"),
+    (lambda layer: setattr(layer.norm2, "eps", 1e-3), "layer.norm2.eps: expected the eps"),
+])
+def test_what_curvgap_does_not_represent_is_refused(change, message):
+    layer = encoder_layer(False, "relu", True)
+    change(layer)
+    with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(layer)
+
+
+def test_unknown_layers_and_parameter_names_are_refused():
+    with pytest.raises(UnsupportedLayer, match="layer: expected a layer curvgap recognises"):
+        curvgap.curvature(torch.nn.Linear(3, 3))
+    c = curvgap.curvature(encoder_layer(False, "relu", True))
+    X = torch.randn(B, L, D, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"wrt: expected 'X' or names of the layer's "
+                                         r"parameters \[.*\], got \['W_Q'\]"):
+        c.loss_hessian(X, X, wrt="W_Q")
