@@ -85,6 +85,7 @@ def switch(out: Path, files: dict[str, str]) -> None:
     """Make ``out`` its present content with ``files`` (relative path → text) written over
     it, in one step."""
     new = beside(out, "new")
+    out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         _copy_tree(out, new)
     else:

@@ -172,3 +172,10 @@ def test_a_folder_with_files_curvgap_did_not_write_is_refused(tmp_path, states):
     with pytest.raises(GenerationError, match="holds 'notes.txt', which curvgap did not write"):
         write(rendered, folder)
     assert snapshot(folder) == {"notes.txt": b"mine"} and not output.leftovers(folder)
+
+
+def test_a_folder_whose_parents_do_not_exist_yet_is_made(tmp_path, states):
+    rendered, _, new = states
+    folder = tmp_path / "a" / "b" / "out"
+    write(rendered, folder)
+    assert snapshot(folder).keys() == new.keys() - {"numpy/__init__.py"}
