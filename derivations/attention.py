@@ -44,8 +44,8 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     and ``W_V`` (``d × d``), and the entries of their biases, are split into heads (engine
     shapes ``d×h×d_k`` and ``d×h×d_v``, ``d_v = d/h``), and the concatenated heads are
     multiplied by ``W_O`` (``d × d``, engine shape ``h×d_v×d``) and shifted by ``b_O``."""
-    heads, causal, out_proj, bias = config.heads, config.causal, config.out_proj, \
-        config.attention_bias
+    heads, causal, out_proj = config.heads, config.causal, config.out_proj
+    bias = config.attention_bias
     L, d, d_k, d_v, h = sizes.L, sizes.d, sizes.d_k, sizes.d_v, sizes.h
     if heads > 1 and not out_proj:
         raise NotImplementedError("heads > 1 without out_proj")
@@ -71,7 +71,7 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
             value = value + biases[name][(*H, column)]
         projected[name] = g.node(name, (rows, *H, column), value)
     Q, K, V = projected["Q"], projected["K"], projected["V"]
-    scale = sp.nsimplify(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
+    scale = _exactly(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
     T = g.node("T_att", (*H, i, j), scale * Q[(i, *H, a)] * K[(j, *H, a)])
     A = softmax_rows(g, T, causal=causal)
     external = {}
@@ -93,6 +93,13 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     F = g.node(out_name, (i, out), value)
     return Attention(F, params, A, {k: v for k, v in external.items()
                                     if k in {p.name for p in params}})
+
+
+def _exactly(value: float) -> sp.Rational:
+    """``value`` as a short fraction when one rounds to it (``0.3`` → ``3/10``), else as the
+    exact binary fraction it is."""
+    short = sp.nsimplify(value, rational=True)
+    return short if float(short) == value else sp.Rational(value)
 
 
 def describe(config: Config) -> str:
