@@ -18,6 +18,7 @@ import torch
 from . import sizes
 from .functions import activation
 from .graph import Graph, Tensor
+from .indexform import Expr, Index
 
 if TYPE_CHECKING:
     from .config import Config
@@ -36,33 +37,26 @@ def feed_forward(g: Graph, Y: Tensor, config: Config, out_name: str = "O") -> Fe
     ``(act(Y W_1 + b_1) ∘ (Y W_3 + b_3)) W_2 + b_2`` (``W_3``: ``d × d_ff``)."""
     act, bias = config.activation, config.ffn_bias
     L, d, d_ff = sizes.L, sizes.d, sizes.d_ff
-    W_1 = g.input("W_1", (d, d_ff), role="param", batched=False)
-    params = [W_1]
+    params: list[Tensor] = []
+
+    def linear(k: str, source: Tensor, fan_in: Index, fan_out: Index) -> Expr:
+        """``source W_k (+ b_k)`` row by row, declaring ``W_k`` (and ``b_k``)."""
+        W = g.input(f"W_{k}", (fan_in.dim, fan_out.dim), role="param", batched=False)
+        params.append(W)
+        value = source[i, fan_in] * W[fan_in, fan_out]
+        if bias:
+            b = g.input(f"b_{k}", (fan_out.dim,), role="param", batched=False)
+            params.append(b)
+            value = value + b[fan_out]
+        return value
+
     i, c, f, e = g.index(L, "i"), g.index(d, "c"), g.index(d_ff, "f"), g.index(d, "e")
-    pre = Y[i, c] * W_1[c, f]
-    if bias:
-        b_1 = g.input("b_1", (d_ff,), role="param", batched=False)
-        params.append(b_1)
-        pre = pre + b_1[f]
-    H = g.node("H", (i, f), pre)
+    H = g.node("H", (i, f), linear("1", Y, c, f))
     P = g.node("P", (i, f), H.apply(activation(act), i, f))
     if config.ffn_gate:  # gated (SwiGLU, GeGLU): act(Y W_1) ∘ (Y W_3)
-        W_3 = g.input("W_3", (d, d_ff), role="param", batched=False)
-        params.append(W_3)
-        up = Y[i, c] * W_3[c, f]
-        if bias:
-            b_3 = g.input("b_3", (d_ff,), role="param", batched=False)
-            params.append(b_3)
-            up = up + b_3[f]
-        H_up = g.node("H_up", (i, f), up)
+        H_up = g.node("H_up", (i, f), linear("3", Y, c, f))
         P = g.node("P_gated", (i, f), P[i, f] * H_up[i, f])
-    W_2 = g.input("W_2", (d_ff, d), role="param", batched=False)
-    params.append(W_2)
-    out = P[i, f] * W_2[f, e]
-    if bias:
-        b_2 = g.input("b_2", (d,), role="param", batched=False)
-        params.append(b_2)
-        out = out + b_2[e]
+    out = linear("2", P, f, e)
     return FeedForward(g.node(out_name, (i, e), out), params)
 
 
