@@ -51,3 +51,11 @@ def commutation(m: int, n: int) -> np.ndarray:
         for j in range(n):
             K[i * n + j, j * m + i] = 1.0
     return K
+
+
+def extra_module(module: str):
+    """``module`` from the test extra; skipped with the reason when it is not installed,
+    except under ``CURVGAP_REQUIRE_EXTRAS=1`` (CI), where its absence fails."""
+    if os.environ.get("CURVGAP_REQUIRE_EXTRAS") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs {module} (pip install -e '.[test]')")

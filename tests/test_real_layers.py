@@ -7,12 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import extra_module
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvgap
 from curvgap.adapters import UnsupportedLayer
 
 L, D, HEADS, D_FF, B = 3, 4, 2, 6, 2  # d_k = 2: L, d, d_k, d_ff all differ
+
+
+def randomise(layer: torch.nn.Module) -> torch.nn.Module:
+    """Random nonzero weights and biases (vectors around 0.5, so norms' weights too)."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
+    return layer.eval()
 
 
 def encoder_layer(norm_first: bool, activation: str, bias: bool, heads: int = HEADS,
@@ -22,15 +31,26 @@ def encoder_layer(norm_first: bool, activation: str, bias: bool, heads: int = HE
                                              layer_norm_eps=1e-5, batch_first=batch_first,
                                              norm_first=norm_first, bias=bias,
                                              dtype=torch.float64)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn_like(p) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
-    return layer.eval()
+    return randomise(layer)
+
+
+def gpt2_block(activation: str = "gelu_new", seed: int = 0) -> torch.nn.Module:
+    transformers = extra_module("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_embd=D, n_head=HEADS, n_inner=D_FF,
+                                     activation_function=activation, layer_norm_epsilon=1e-5)
+    config._attn_implementation = "sdpa"  # causal without a mask, as in GPT2Model
+    return randomise(GPT2Block(config).to(torch.float64))
 
 
 def output(layer, X):
+    """The layer's own output for batch-first ``X`` (MATH kernel: it has second derivatives)."""
     with sdpa_kernel(SDPBackend.MATH):
-        return layer(X) if layer.self_attn.batch_first else layer(X.transpose(0, 1)).transpose(0, 1)
+        if isinstance(layer, torch.nn.TransformerEncoderLayer) and not layer.self_attn.batch_first:
+            return layer(X.transpose(0, 1)).transpose(0, 1)
+        return layer(X)
 
 
 def reference_hessian(layer, X, T) -> torch.Tensor:
@@ -55,14 +75,26 @@ def relative(value, reference) -> float:
     return float((value - reference).abs().max() / reference.abs().max())
 
 
-LAYERS = [(False, "relu", True), (True, "gelu", True), (False, "gelu", False),
-          (True, "relu", False)]
+#: The layers checked, by id: how to build each, the name of its attention weight (packed
+#: or not) and of a feed-forward weight.
+LAYERS = {
+    "encoder-post-relu-bias": (lambda: encoder_layer(False, "relu", True),
+                               "self_attn.in_proj_weight", "linear1.weight"),
+    "encoder-pre-gelu-bias": (lambda: encoder_layer(True, "gelu", True),
+                              "self_attn.in_proj_weight", "linear1.weight"),
+    "encoder-post-gelu-nobias": (lambda: encoder_layer(False, "gelu", False),
+                                 "self_attn.in_proj_weight", "linear1.weight"),
+    "encoder-pre-relu-nobias": (lambda: encoder_layer(True, "relu", False),
+                                "self_attn.in_proj_weight", "linear1.weight"),
+    "gpt2": (gpt2_block, "attn.c_attn.weight", "mlp.c_fc.weight"),
+}
 
 
-@pytest.fixture(scope="module", params=LAYERS,
-                ids=lambda p: f"{'pre' if p[0] else 'post'}-{p[1]}-{'bias' if p[2] else 'nobias'}")
+@pytest.fixture(scope="module", params=list(LAYERS))
 def case(request):
-    layer = encoder_layer(*request.param)
+    make, attention_weight, ffn_weight = LAYERS[request.param]
+    layer = make()
+    layer.attention_weight, layer.ffn_weight = attention_weight, ffn_weight
     generator = torch.Generator().manual_seed(1)
     X = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
     T = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
@@ -107,23 +139,23 @@ def test_hvp_and_a_block_by_name(case):
     assert relative(c.hvp(X, T, v), H @ v) <= 1e-10
     names = [n for n, _ in layer.named_parameters()]
     sizes = [p.numel() for p in layer.parameters()]
-    start = sum(sizes[:names.index("self_attn.in_proj_weight")])
-    stop = start + sizes[names.index("self_attn.in_proj_weight")]
-    block = c.loss_hessian(X, T, wrt="self_attn.in_proj_weight")
+    start = sum(sizes[:names.index(layer.attention_weight)])
+    stop = start + sizes[names.index(layer.attention_weight)]
+    block = c.loss_hessian(X, T, wrt=layer.attention_weight)
     assert relative(block, H[start:stop, start:stop]) <= 1e-10
 
 
 def test_jacobian_in_the_layout_of_the_layers_parameter(case):
     layer, c, X, _, _ = case
-    weight = layer.linear1.weight
+    weight = layer.get_parameter(layer.ffn_weight)
 
     def out(w):
-        return torch.func.functional_call(layer, {"linear1.weight": w}, (X,))
+        return torch.func.functional_call(layer, {layer.ffn_weight: w}, (X,))
 
     with sdpa_kernel(SDPBackend.MATH):
         J = torch.autograd.functional.jacobian(out, weight.detach())
     J = J.reshape(B, L * D, -1)
-    assert relative(c.jacobian(X, "linear1.weight"), J) <= 1e-10
+    assert relative(c.jacobian(X, layer.ffn_weight), J) <= 1e-10
 
 
 def test_hessian_columns_equal_finite_differences_of_the_gradient(case):
@@ -161,8 +193,8 @@ def test_sequence_first_layers_take_batch_first_inputs():
 
 @pytest.mark.parametrize("change, message", [
     (lambda layer: layer.train(), "layer.dropout: the layer is in training mode with dropout"),
-    (lambda layer: setattr(layer, "activation", torch.nn.SiLU()),
-     "layer.activation: expected relu or gelu, got SiLU"),
+    (lambda layer: setattr(layer, "activation", torch.nn.Hardswish()),
+     "layer.activation: expected one of ReLU, GELU .*, got Hardswish"),
     (lambda layer: setattr(layer.norm2, "eps", 1e-3), "layer.norm2.eps: expected the eps"),
 ])
 def test_what_curvgap_does_not_represent_is_refused(change, message):
@@ -180,3 +212,33 @@ def test_unknown_layers_and_parameter_names_are_refused():
     with pytest.raises(ValueError, match=r"wrt: expected 'X' or names of the layer's "
                                          r"parameters \[.*\], got \['W_Q'\]"):
         c.loss_hessian(X, X, wrt="W_Q")
+
+
+def test_gpt2_block_is_the_causal_block_gpt2_model_runs():
+    layer = gpt2_block()
+    layer.attn.config._attn_implementation = "eager"  # the mask then comes from the caller
+    X = torch.randn(B, L, D, dtype=torch.float64)
+    mask = torch.zeros(L, L, dtype=torch.float64).masked_fill(
+        torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    with torch.no_grad():
+        assert relative(curvgap.curvature(layer).forward(X),
+                        layer(X, attention_mask=mask[None, None])) <= 1e-12
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda layer: layer.train(), "layer.attn.attn_dropout: the layer is in training mode"),
+    (lambda layer: setattr(layer.ln_2, "eps", 1e-3), "layer.ln_2.eps: expected the eps"),
+    (lambda layer: setattr(layer, "crossattention", torch.nn.Identity()),
+     "layer.crossattention: cross-attention"),
+])
+def test_what_curvgap_does_not_represent_in_gpt2_is_refused(change, message):
+    layer = gpt2_block()
+    change(layer)
+    with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(layer)
+
+
+def test_an_approximate_gelu_is_refused_not_approximated():
+    with pytest.raises(UnsupportedLayer, match="layer.mlp.act: expected one of .*, got "
+                                               "QuickGELUActivation"):
+        curvgap.curvature(gpt2_block("quick_gelu"))
