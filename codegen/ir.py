@@ -10,7 +10,7 @@ import sympy as sp
 from ..derivations.graph import Guard  # a statement as it is: checked after its node
 
 __all__ = ["Accumulate", "Assign", "CausalBias", "Combine", "Contract", "Elementwise", "Free",
-           "Guard", "Part", "RowMax", "Zeros"]
+           "Guard", "Part", "Rotary", "RowMax", "Zeros"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,17 @@ class RowMax:
 
     result: str
     source: str
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """``result = (length × 2 × 2 × half)``: the rotary rotations
+    ``[[cos φ, -sin φ], [sin φ, cos φ]]``, ``φ = i · base^(-m/half)`` at position ``i``."""
+
+    result: str
+    length: sp.Expr
+    half: sp.Expr
+    base: float
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from . import ir
 
 B = sizes.B
 NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
-           sizes.d_v: 8}
+           sizes.d_v: 8, sizes.g: 1, sizes.r: 2, sizes.d_r: 8, sizes.n_2: 2}
 LETTERS = [c for c in string.ascii_letters if c != "b"]
 
 
@@ -113,6 +113,11 @@ class _Lowerer:
             size = target.indices[0].dim
             self.dims.add(size)
             self.function.statements.append(ir.CausalBias(target.name, size))
+            return
+        if assign.reduction == "rotary":
+            length, _, _, half = (k.dim for k in target.indices)
+            self.dims |= {length, half}
+            self.function.statements.append(ir.Rotary(target.name, length, half, assign.base))
             return
         if assign.reduction == "max":
             source = self.use(assign.expr.terms[0].factors[0].name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..derivations.config import Config
 from ..derivations.description import describe
 from ..derivations.model import Derivation
 from .lowering import lower
@@ -55,6 +56,18 @@ def summary(der: Derivation, group: str, writes: list[str]) -> str:
     return f"{text[0].upper()}{text[1:]}: stores {shown}{more}."
 
 
+def constant_dims(config: Config) -> dict[str, int]:
+    """The sizes the config fixes: heads ``h``, and with grouped-query attention the
+    key/value heads ``g`` and the query heads ``r`` that share each; ``n_2 = 2`` for the
+    halves a rotary pair spans."""
+    dims = {"h": config.heads} if config.heads > 1 else {}
+    if config.kv_heads:
+        dims.update(g=config.kv_heads, r=config.heads // config.kv_heads)
+    if config.rotary:
+        dims["n_2"] = 2
+    return dims
+
+
 def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
     """Everything a module template needs: the printed functions and the contract's tables
     (which output node holds each Jacobian, Hessian block and HVP)."""
@@ -71,7 +84,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
                 for p in der.params],
         engine_shapes={p.name: [str(s) for s in p.shape] for p in der.params
                        if p.name in der.external_shapes},
-        constant_dims={"h": der.config.heads} if der.config.heads > 1 else {},
+        constant_dims=constant_dims(der.config),
         input_shape=[str(s) for s in der.X.shape],
         output_shape=[str(s) for s in der.output.shape],
         target_shape=(["L"] if der.config.loss == "cross_entropy"

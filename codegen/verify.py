@@ -71,6 +71,8 @@ def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int 
     """Random parameters (``gamma`` near 1), input and target for ``module``."""
     gen = torch.Generator().manual_seed(seed)
     dims = {**dims, **getattr(module, "_CONSTANT_DIMS", {})}
+    if "h" in dims:  # the value width of a head
+        dims["d_v"] = dims["d"] // dims["h"]
 
     def size(name: str) -> int:
         return int(np.prod([dims[factor] for factor in name.split("*")]))

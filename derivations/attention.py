@@ -2,8 +2,9 @@
 and its plain-PyTorch forward pass for verification.
 
 ``Q = X W_Q``, ``K = X W_K``, ``V = X W_V``, ``T = Q K^T / sqrt(d_k)``,
-``A = softmax_row(T)``, ``F = A V``; the options are ``heads``, ``causal``, ``out_proj``,
-``attention_bias`` (``b_Q, b_K, b_V`` and ``b_O``) and ``attention_scale``.
+``A = softmax_row(T)``, ``F = A V``; the options are ``heads``, ``kv_heads`` (grouped-query
+attention), ``causal``, ``out_proj``, ``attention_bias`` (``b_Q, b_K, b_V`` and ``b_O``),
+``attention_scale`` and ``rotary`` (with ``rotary_base``).
 
 The row softmax is the primitive of :mod:`.softmax`: its value is
 ``exp(T - max T) / Σ exp(T - max T)``, its derivatives are closed-form rules in centred
@@ -40,59 +41,97 @@ class Attention:
 def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> Attention:
     """Nodes of ``F(X) = softmax(s (X W_Q + b_Q)(X W_K + b_K)^T) (X W_V + b_V)`` for ``X``
     (``L×d``), ``s = 1/sqrt(d_k)`` unless ``attention_scale`` says otherwise, the biases
-    when ``attention_bias``; with ``heads > 1`` the columns of ``W_Q, W_K`` (``d × h·d_k``)
-    and ``W_V`` (``d × d``), and the entries of their biases, are split into heads (engine
-    shapes ``d×h×d_k`` and ``d×h×d_v``, ``d_v = d/h``), and the concatenated heads are
-    multiplied by ``W_O`` (``d × d``, engine shape ``h×d_v×d``) and shifted by ``b_O``."""
-    heads, causal, out_proj = config.heads, config.causal, config.out_proj
-    bias = config.attention_bias
-    L, d, d_k, d_v, h = sizes.L, sizes.d, sizes.d_k, sizes.d_v, sizes.h
+    when ``attention_bias``.
+
+    With ``heads > 1`` the columns of ``W_Q, W_K`` (``d × h·d_k``) and ``W_V`` (``d × d``),
+    and the entries of their biases, are split into heads (engine shapes ``d×h×d_k`` and
+    ``d×h×d_v``, ``d_v = d/h``), and the concatenated heads are multiplied by ``W_O``
+    (``d × d``, engine shape ``h×d_v×d``) and shifted by ``b_O``. With ``kv_heads = g < h``
+    (grouped-query attention) ``W_K, W_V`` have ``g`` heads (``d × g·d_k``, ``d × g·d_v``)
+    and query head ``q`` uses key/value head ``q // r``, ``r = h/g``: the query heads are
+    indexed ``(g, r)``. With ``rotary`` each head's ``d_k`` entries of ``Q`` and ``K`` are
+    split into halves ``(n_2, d_r)``, ``d_r = d_k/2``, and the pair of entries ``m`` and
+    ``d_r + m`` of row ``i`` is turned by the angle ``i · base^(-m/d_r)``
+    (:meth:`Graph.rotary`)."""
+    heads, out_proj, bias = config.heads, config.out_proj, config.attention_bias
+    L, d, d_k, d_v = sizes.L, sizes.d, sizes.d_k, sizes.d_v
     if heads > 1 and not out_proj:
         raise NotImplementedError("heads > 1 without out_proj")
     split = heads > 1
-    H = (g.index(h, "h"),) if split else ()
-    i, j, c, a = g.index(L, "i"), g.index(L, "j"), g.index(d, "c"), g.index(d_k, "a")
-    e = g.index(d_v if split else d, "e")
-    widths = {"Q": (d_k, a), "K": (d_k, a), "V": (d_v if split else d, e)}
+    i, j, c = g.index(L, "i"), g.index(L, "j"), g.index(d, "c")
+    if config.kv_heads:  # query head (kv head, member of its group)
+        kv_heads = (g.index(sizes.g, "g"),)
+        query_heads = (*kv_heads, g.index(sizes.r, "r"))
+    else:
+        kv_heads = query_heads = (g.index(sizes.h, "h"),) if split else ()
+    if config.rotary:  # a head's entries as (half, frequency)
+        columns = (g.index(sizes.n_2, "s"), g.index(sizes.d_r, "m"))
+    else:
+        columns = (g.index(d_k, "a"),)
+    value_columns = (g.index(d_v if split else d, "e"),)
+    heads_of = {"Q": query_heads, "K": kv_heads, "V": kv_heads}
+    columns_of = {"Q": columns, "K": columns, "V": value_columns}
     weights, biases, params = {}, {}, []
-    for name, (width, _) in widths.items():  # declared first: parameter order W_Q, b_Q, ...
-        weights[name] = g.input(f"W_{name}", (d, *(h,) * split, width), role="param",
-                                batched=False)
+    for name in "QKV":  # declared first: parameter order W_Q, b_Q, ...
+        shape = tuple(k.dim for k in (*heads_of[name], *columns_of[name]))
+        weights[name] = g.input(f"W_{name}", (d, *shape), role="param", batched=False)
         params.append(weights[name])
         if bias:
-            biases[name] = g.input(f"b_{name}", (*(h,) * split, width), role="param",
-                                   batched=False)
+            biases[name] = g.input(f"b_{name}", shape, role="param", batched=False)
             params.append(biases[name])
     projected = {}
     for name, rows in (("Q", i), ("K", j), ("V", j)):
-        column = widths[name][1]
-        value = X[rows, c] * weights[name][(c, *H, column)]
+        entry = (*heads_of[name], *columns_of[name])
+        value = X[rows, c] * weights[name][(c, *entry)]
         if bias:
-            value = value + biases[name][(*H, column)]
-        projected[name] = g.node(name, (rows, *H, column), value)
+            value = value + biases[name][entry]
+        projected[name] = g.node(name, (rows, *entry), value)
     Q, K, V = projected["Q"], projected["K"], projected["V"]
+    if config.rotary:
+        R = g.rotary("R_rot", L, sizes.d_r, config.rotary_base)
+        s_, m = columns
+        t = g.index(sizes.n_2, "t")
+        Q = g.node("Q_rot", (i, *query_heads, s_, m),
+                   R[i, s_, t, m] * Q[(i, *query_heads, t, m)])
+        K = g.node("K_rot", (j, *kv_heads, s_, m), R[j, s_, t, m] * K[(j, *kv_heads, t, m)])
     scale = _exactly(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
-    T = g.node("T_att", (*H, i, j), scale * Q[(i, *H, a)] * K[(j, *H, a)])
-    A = softmax_rows(g, T, causal=causal)
-    external = {}
-    if split:
-        external = {"W_Q": ("d", "h*d_k"), "W_K": ("d", "h*d_k"), "W_V": ("d", "d"),
-                    "W_O": ("d", "d"), "b_Q": ("h*d_k",), "b_K": ("h*d_k",), "b_V": ("d",)}
+    T = g.node("T_att", (*query_heads, i, j),
+               scale * Q[(i, *query_heads, *columns)] * K[(j, *kv_heads, *columns)])
+    A = softmax_rows(g, T, causal=config.causal)
+    e = value_columns[0]
     if not out_proj:
-        F = g.node(out_name, (i, e), A[(*H, i, j)] * V[(j, *H, e)])
-        return Attention(F, params, A, external)
-    heads_out = g.node("F_heads", (i, *H, e), A[(*H, i, j)] * V[(j, *H, e)])
-    W_O = g.input("W_O", (*(h,) * split, d_v if split else d, d), role="param", batched=False)
+        F = g.node(out_name, (i, e), A[(*query_heads, i, j)] * V[(j, *kv_heads, e)])
+        return Attention(F, params, A, _external_shapes(config, params))
+    heads_out = g.node("F_heads", (i, *query_heads, e),
+                       A[(*query_heads, i, j)] * V[(j, *kv_heads, e)])
+    W_O = g.input("W_O", (*(k.dim for k in query_heads), e.dim, d), role="param",
+                  batched=False)
     params.append(W_O)
     out = g.index(d, "o")
-    value = heads_out[(i, *H, e)] * W_O[(*H, e, out)]
+    value = heads_out[(i, *query_heads, e)] * W_O[(*query_heads, e, out)]
     if bias:
         b_O = g.input("b_O", (d,), role="param", batched=False)
         params.append(b_O)
         value = value + b_O[out]
     F = g.node(out_name, (i, out), value)
-    return Attention(F, params, A, {k: v for k, v in external.items()
-                                    if k in {p.name for p in params}})
+    return Attention(F, params, A, _external_shapes(config, params))
+
+
+def _external_shapes(config: Config, params: list[Tensor]) -> dict[str, tuple[str, ...]]:
+    """The shapes users pass where the engine's differ: heads and rotary halves are split
+    out of the widths ``h·d_k`` (``g·d_k`` for keys with grouped-query attention), ``d``
+    (``g·d_v``)."""
+    if config.heads == 1 and not config.rotary:
+        return {}
+    key_heads = "g*" if config.kv_heads else "h*" if config.heads > 1 else ""
+    query_width = "h*d_k" if config.heads > 1 else "d_k"
+    value_width = "g*d_v" if config.kv_heads else "d"
+    shapes = {"W_Q": ("d", query_width), "b_Q": (query_width,),
+              "W_K": ("d", f"{key_heads}d_k"), "b_K": (f"{key_heads}d_k",)}
+    if config.heads > 1:
+        shapes.update({"W_V": ("d", value_width), "b_V": (value_width,), "W_O": ("d", "d")})
+    names = {p.name for p in params}
+    return {k: v for k, v in shapes.items() if k in names}
 
 
 def _exactly(value: float) -> sp.Rational:
@@ -106,10 +145,19 @@ def describe(config: Config) -> str:
     """The sublayer as one line of text."""
     heads = (f"{config.heads} heads (W_Q, W_K, W_V split by columns, concatenated)"
              if config.heads > 1 else "one head")
+    if config.kv_heads:
+        heads += (f", {config.kv_heads} key/value heads (query head q uses key/value head "
+                  f"q // {config.heads // config.kv_heads})")
     if config.attention_bias:
-        scores, values, out = "(X W_Q + b_Q) (X W_K + b_K)^T", "(X W_V + b_V)", " W_O + b_O"
+        query, key, values, out = "(X W_Q + b_Q)", "(X W_K + b_K)", "(X W_V + b_V)", " W_O + b_O"
     else:
-        scores, values, out = "X W_Q W_K^T X^T", "X W_V", " W_O"
+        query, key, values, out = "X W_Q", "X W_K", "X W_V", " W_O"
+    if config.rotary:
+        query, key = f"rot({query})", f"rot({key})"
+        heads += (f", rotary embeddings rot (rotate-half pairs, angle i * "
+                  f"{config.rotary_base:g}^(-2m/d_k))")
+    scores = (f"{query} {key}^T" if config.attention_bias or config.rotary
+              else "X W_Q W_K^T X^T")
     scale = (f"{config.attention_scale!r} {scores}" if config.attention_scale
              else f"{scores} / sqrt(d_k)")
     return (f"F(X) = softmax({scale}" + (" + causal mask" if config.causal else "")
@@ -117,14 +165,29 @@ def describe(config: Config) -> str:
             + (out if config.out_proj else "") + f", {heads}")
 
 
+def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embeddings of ``x`` (``heads × L × d_k``), rotate-half convention: entries
+    ``m`` and ``d_k/2 + m`` of row ``i`` turned by ``i · base^(-2m/d_k)``."""
+    L, d_k = x.shape[-2:]
+    frequencies = 1.0 / base ** (torch.arange(0, d_k, 2, dtype=x.dtype) / d_k)
+    angles = torch.arange(L, dtype=x.dtype)[:, None] * frequencies
+    angles = torch.cat([angles, angles], dim=-1)
+    halves = torch.cat([-x[..., d_k // 2:], x[..., :d_k // 2]], dim=-1)
+    return x * angles.cos() + halves * angles.sin()
+
+
 def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     """The sublayer on one sample ``X`` (``L×d``) in plain PyTorch, parameters in the shapes
-    users pass (``W_Q``, ``W_K``: ``d × h·d_k``)."""
+    users pass (``W_Q``: ``d × h·d_k``, ``W_K``: ``d × g·d_k``)."""
     h, L, d = config.heads, X.shape[0], X.shape[1]
+    kv = config.kv_heads or h
     d_k = params["W_Q"].shape[1] // h
     Q = (X @ params["W_Q"] + params.get("b_Q", 0.0)).reshape(L, h, d_k).transpose(0, 1)
-    K = (X @ params["W_K"] + params.get("b_K", 0.0)).reshape(L, h, d_k).transpose(0, 1)
-    V = (X @ params["W_V"] + params.get("b_V", 0.0)).reshape(L, h, d // h).transpose(0, 1)
+    K = (X @ params["W_K"] + params.get("b_K", 0.0)).reshape(L, kv, d_k).transpose(0, 1)
+    V = (X @ params["W_V"] + params.get("b_V", 0.0)).reshape(L, kv, d // h).transpose(0, 1)
+    if config.rotary:
+        Q, K = _rotate(Q, config.rotary_base), _rotate(K, config.rotary_base)
+    K, V = K.repeat_interleave(h // kv, 0), V.repeat_interleave(h // kv, 0)
     scores = Q @ K.transpose(1, 2)
     scores = scores * config.attention_scale if config.attention_scale else scores / d_k ** 0.5
     if config.causal:

@@ -33,6 +33,9 @@ APPLIES_TO = {
     "out_proj": ("block", "self_attention"),
     "attention_bias": ("block", "self_attention"),
     "attention_scale": ("block", "self_attention"),
+    "kv_heads": ("block", "self_attention"),
+    "rotary": ("block", "self_attention"),
+    "rotary_base": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm"),
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
@@ -63,6 +66,9 @@ class Config:
     out_proj: bool = False
     attention_bias: bool = False
     attention_scale: float = 0.0  # 0: 1/sqrt(d_k)
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as heads
+    rotary: bool = False  # rotary position embeddings on Q and K (rotate-half convention)
+    rotary_base: float = 10000.0
     norm_bias: bool = True
     activation: str = "relu"
     ffn_bias: bool = False
@@ -118,7 +124,18 @@ def validate(data: dict, source: str = "config") -> Config:
                           f"1/sqrt(d_k)), got {data['attention_scale']!r}")
     if data.get("heads", 1) < 1:
         raise ConfigError(f"{source}: 'heads' must be >= 1, got {data['heads']!r}")
-    config = Config(**{**data, "eps": eps, "attention_scale": scale})
+    heads, kv_heads = data.get("heads", 1), data.get("kv_heads", 0)
+    if kv_heads < 0 or (kv_heads and heads % kv_heads):
+        raise ConfigError(f"{source}: 'kv_heads' must divide heads = {heads} (or be 0 for as "
+                          f"many as heads), got {kv_heads!r}")
+    base = float(data.get("rotary_base", 10000.0))
+    if not math.isfinite(base) or base <= 1:
+        raise ConfigError(f"{source}: 'rotary_base' must be a finite number > 1, got "
+                          f"{data['rotary_base']!r}")
+    if "rotary_base" in data and not data.get("rotary", False):
+        raise ConfigError(f"{source}: 'rotary_base' needs rotary = true")
+    config = Config(**{**data, "eps": eps, "attention_scale": scale, "rotary_base": base,
+                       "kv_heads": 0 if kv_heads == heads else kv_heads})
     for key, kinds in APPLIES_TO.items():
         if config.kind not in kinds and getattr(config, key) != known[key]:
             raise ConfigError(f"{source}: '{key}' applies to kind {' or '.join(kinds)}, "

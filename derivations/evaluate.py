@@ -109,6 +109,12 @@ def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
             n = dims[assign.target.indices[0].dim]
             values[name] = np.triu(np.full((n, n), -np.inf), 1)
             continue
+        if assign.reduction == "rotary":
+            length, _, _, half = (dims[k.dim] for k in assign.target.indices)
+            angle = np.arange(length)[:, None] * assign.base ** (-np.arange(half) / half)
+            cos, sin = np.cos(angle), np.sin(angle)
+            values[name] = np.stack([np.stack([cos, -sin], 1), np.stack([sin, cos], 1)], 1)
+            continue
         if assign.reduction == "max":
             if name not in values:
                 source = values[assign.expr.terms[0].factors[0].name]

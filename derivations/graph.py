@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from . import sizes
 from .functions import ScalarFn
 from .indexform import Apply, Delta, Expr, Index, IndexPool, Ref, Term
 
@@ -73,6 +74,8 @@ class Assign:
     group: str
     mean_over_batch: bool = False
     reduction: str | None = None
+    #: the number a constant table is made from (the rotary base)
+    base: float | None = None
     sublayer: str = ""  # the part of the architecture it belongs to (for documents)
     #: closed-form local derivative rules (a primitive such as the row softmax); the
     #: calculus uses them instead of the product rule on ``expr``
@@ -82,8 +85,8 @@ class Assign:
 
     @property
     def differentiable(self) -> bool:
-        """False for constants (a row maximum, a causal mask) and for the intermediates of
-        a primitive: no derivative is taken of them."""
+        """False for constants (a row maximum, a causal mask, a rotary table) and for the
+        intermediates of a primitive: no derivative is taken of them."""
         return self.reduction is None and not self.internal
 
 
@@ -164,6 +167,17 @@ class Graph:
         tensor = self.declare(name, (self.index(dim, "i"), self.index(dim, "j")), False,
                               role="constant")
         self._append(tensor, Expr([], tensor.indices), reduction="causal")
+        return tensor
+
+    def rotary(self, name: str, length: sp.Symbol, half: sp.Symbol, base: float) -> Tensor:
+        """A constant ``name[i, s, t, m]`` (``length × 2 × 2 × half``): at position ``i``, the
+        rotation ``[[cos φ, -sin φ], [sin φ, cos φ]]`` (over ``s, t``) by the angle
+        ``φ = i · base^(-m/half)`` of the pair ``(x_m, x_{half+m})`` of a head's ``2·half``
+        entries (the rotate-half convention)."""
+        indices = (self.index(length, "i"), self.index(sizes.n_2, "s"),
+                   self.index(sizes.n_2, "t"), self.index(half, "m"))
+        tensor = self.declare(name, indices, False, role="constant")
+        self._append(tensor, Expr([], indices), reduction="rotary", base=base)
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:

@@ -1,4 +1,4 @@
-"""The size symbols: batch, sequence length, widths, heads."""
+"""The size symbols: batch, sequence length, widths, heads, rotary halves."""
 
 import sympy as sp
 
@@ -9,3 +9,7 @@ d_ff = sp.Symbol("d_ff", positive=True, integer=True)
 h = sp.Symbol("h", positive=True, integer=True)      # heads (a config constant)
 d_v = sp.Symbol("d_v", positive=True, integer=True)  # value width per head, d / h
 B = sp.Symbol("B", positive=True, integer=True)    # batch (the generated code's leading axis)
+g = sp.Symbol("g", positive=True, integer=True)      # key/value heads (a config constant)
+r = sp.Symbol("r", positive=True, integer=True)      # query heads per key/value head, h / g
+d_r = sp.Symbol("d_r", positive=True, integer=True)  # rotary frequencies per head, d_k / 2
+n_2 = sp.Symbol("n_2", positive=True, integer=True)  # the two halves a rotary pair spans, 2

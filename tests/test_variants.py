@@ -46,7 +46,20 @@ VARIANTS = {
                              'eps = 1e-6\nheads = 2\ncausal = true\nout_proj = true\n'
                              'activation = "silu"\nffn_gate = true'),
     "layernorm_no_beta": 'kind = "layernorm"\naffine = true\nnorm_bias = false\neps = 1e-5',
+    "attention_rotary": 'kind = "self_attention"\nrotary = true\nrotary_base = 100.0',
+    "attention_multi_query": ('kind = "self_attention"\nheads = 2\nkv_heads = 1\n'
+                              'out_proj = true\ncausal = true'),
+    "attention_gqa_rotary_bias": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
+                                  'out_proj = true\nrotary = true\nattention_bias = true\n'
+                                  'loss = "cross_entropy"'),
+    "llama_block": ('norm = "rmsnorm"\nnorm_position = "pre"\naffine = true\neps = 1e-5\n'
+                    'heads = 4\nkv_heads = 2\ncausal = true\nout_proj = true\nrotary = true\n'
+                    'rotary_base = 500.0\nactivation = "silu"\nffn_gate = true'),
 }
+#: Sizes for the variants that need an even d_k (rotary) and d divisible by 4 heads.
+ROTARY_DIMS = {"L": 3, "d": 8, "d_k": 6, "d_ff": 5}
+DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rotary_bias",
+                                          "llama_block")}
 
 
 def _load_module(path, name):
@@ -73,7 +86,8 @@ def variants(tmp_path_factory):
 def test_variant_matches_torch_func(variants, name, backend):
     files, configs = variants
     module = _load_module(files[name, backend], f"variant_{name}_{backend}")
-    errors = check_module(configs[name], module, backend, DIMS, batch=2, seed=3)
+    errors = check_module(configs[name], module, backend, DIMS_OF.get(name, DIMS), batch=2,
+                          seed=3)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, bad
 
@@ -96,6 +110,12 @@ def test_custom_loss_module_names_its_loss(variants):
     ({"kind": "ffn", "attention_bias": True}, "'attention_bias' applies to kind block or "
                                               "self_attention"),
     ({"kind": "block", "attention_scale": -1.0}, "'attention_scale' must be a finite number > 0"),
+    ({"kind": "block", "heads": 4, "kv_heads": 3, "out_proj": True},
+     "'kv_heads' must divide heads = 4 .*, got 3"),
+    ({"kind": "block", "rotary_base": 500.0}, "'rotary_base' needs rotary = true"),
+    ({"kind": "block", "rotary": True, "rotary_base": 1.0}, "'rotary_base' must be a finite "
+                                                            "number > 1, got 1.0"),
+    ({"kind": "ffn", "rotary": True}, "'rotary' applies to kind block or self_attention"),
 ])
 def test_rejected_combinations(data, message):
     with pytest.raises(ConfigError, match=message):
@@ -124,3 +144,13 @@ def test_cross_entropy_targets_are_checked(backend):
         module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, dtype=torch.float64)))
     with pytest.raises(ValueError, match=r"target: expected class indices of shape \(B, L\) = \(2, 3\), got shape \(2, 3, 4\)"):
         module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, 4, dtype=torch.int64)))
+
+
+def test_rotary_needs_an_even_head_width(variants, backend):
+    files, _ = variants
+    module = _load_module(files["attention_rotary", backend], f"variant_rotary_{backend}")
+    params, X, _ = random_case(module, ROTARY_DIMS, batch=2)
+    params = {"W_Q": params["W_Q"][:, :5], "W_K": params["W_K"][:, :5], "W_V": params["W_V"]}
+    with pytest.raises(ValueError, match=r"params\['W_Q'\]: expected an even head width d_k "
+                                         r"\(rotary embeddings turn pairs of halves\), got d_k = 5"):
+        module.forward(to_backend(backend, params), to_backend(backend, X))

@@ -141,6 +141,15 @@ class Builder:
             lines = [rf"0 \text{{ if }} {j} \le {i}, \quad -\infty \text{{ if }} {j} > {i}"]
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "the causal mask (a constant)", note)
+        if assign.reduction == "rotary":
+            i, s_, t, m = (printer.index_name(k) for k in target.indices)
+            angle = rf"{i}\, {assign.base:g}^{{-{m}/d_{{r}}}}"
+            lines = [rf"\cos({angle})\, \delta_{{{s_}{t}}} + \sin({angle})\, "
+                     rf"\epsilon_{{{s_}{t}}}, \quad \epsilon = "
+                     r"\begin{pmatrix} 0 & -1 \\ 1 & 0 \end{pmatrix}"]
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+                           "the rotary rotations (a constant; $n_2 = 2$ halves of a head)",
+                           note)
         layout = self.matrix(assign)
         matrix = None
         if layout is not None:
