@@ -56,8 +56,72 @@ def gpt2_block(layer: torch.nn.Module, loss: str) -> Recognised:
     return Recognised(config, _names(layer), ours, batch_first=True)
 
 
+def llama_decoder_layer(layer: torch.nn.Module, loss: str) -> Recognised:
+    """``LlamaDecoderLayer``: pre-norm with RMSNorm, causal grouped-query attention with
+    rotary embeddings (the default RoPE: rotate-half, base ``rope_theta``, positions
+    ``0..L-1``), a SwiGLU FFN ``down(act(gate(x)) * up(x))``; ``nn.Linear`` weights, so
+    transposed."""
+    attention, mlp = layer.self_attn, layer.mlp
+    config = attention.config
+    refuse_dropout(layer, {"layer.self_attn.attention_dropout": attention.attention_dropout})
+    eps = same_eps({"layer.input_layernorm.variance_epsilon":
+                    layer.input_layernorm.variance_epsilon,
+                    "layer.post_attention_layernorm.variance_epsilon":
+                    layer.post_attention_layernorm.variance_epsilon})
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    d = config.hidden_size
+    if heads * attention.head_dim != d:
+        raise UnsupportedLayer(f"layer.self_attn.head_dim: expected hidden_size / "
+                               f"num_attention_heads = {d // heads}, got {attention.head_dim}")
+    if attention.scaling != attention.head_dim ** -0.5:
+        raise UnsupportedLayer(f"layer.self_attn.scaling: expected head_dim ** -0.5, got "
+                               f"{attention.scaling}")
+    rope = _rope(config)
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedLayer(f"layer.self_attn.config.rope_parameters: expected the default "
+                               f"RoPE, got rope_type {rope['rope_type']!r} (scaled RoPE is not "
+                               "represented)")
+    bias, ffn_bias = attention.q_proj.bias is not None, mlp.gate_proj.bias is not None
+    recognised = validate({
+        "name": "llama_layer", "norm": "rmsnorm", "norm_position": "pre", "eps": eps,
+        "affine": True, "heads": heads, "kv_heads": kv_heads, "causal": True,
+        "out_proj": True, "attention_bias": bias, "rotary": True,
+        "rotary_base": float(rope["rope_theta"]),
+        "activation": activation_name(mlp.act_fn, "layer.mlp.act_fn"), "ffn_bias": ffn_bias,
+        "ffn_gate": True, "loss": loss}, "layer")
+    projections = {"W_Q": "self_attn.q_proj", "W_K": "self_attn.k_proj",
+                   "W_V": "self_attn.v_proj", "W_O": "self_attn.o_proj",
+                   "W_1": "mlp.gate_proj", "W_3": "mlp.up_proj", "W_2": "mlp.down_proj"}
+
+    def ours(v: Values) -> Values:
+        out = {}
+        for weight, module in projections.items():
+            out[weight] = v[f"{module}.weight"].T
+            has_bias = ffn_bias if module.startswith("mlp") else bias
+            if has_bias:
+                out[f"b_{weight[2:]}"] = v[f"{module}.bias"]
+        out["gamma_1"] = v["input_layernorm.weight"]
+        out["gamma_2"] = v["post_attention_layernorm.weight"]
+        return out
+
+    return Recognised(recognised, _names(layer), ours, batch_first=True)
+
+
+def _rope(config: object) -> dict:
+    """The RoPE settings of a transformers config (``rope_parameters``, or the older
+    ``rope_theta`` and ``rope_scaling``)."""
+    parameters = getattr(config, "rope_parameters", None)
+    if parameters:
+        return dict(parameters)
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+            "rope_theta": config.rope_theta}
+
+
 def _names(layer: torch.nn.Module) -> tuple[str, ...]:
     return tuple(name for name, _ in layer.named_parameters())
 
 
-RECOGNISERS = {("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): gpt2_block}
+RECOGNISERS = {("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): gpt2_block,
+               ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"):
+               llama_decoder_layer}

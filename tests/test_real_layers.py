@@ -4,6 +4,8 @@ backed by finite differences of the gradient; and the refusals."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,51 @@ def gpt2_block(activation: str = "gelu_new", seed: int = 0) -> torch.nn.Module:
                                      activation_function=activation, layer_norm_epsilon=1e-5)
     config._attn_implementation = "sdpa"  # causal without a mask, as in GPT2Model
     return randomise(GPT2Block(config).to(torch.float64))
+
+
+def llama_layer(heads: int, kv_heads: int, bias: bool, seed: int = 0) -> torch.nn.Module:
+    transformers = extra_module("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(hidden_size=2 * D, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads, intermediate_size=D_FF,
+                                      rms_norm_eps=1e-5, rope_theta=500.0,
+                                      attention_bias=bias, mlp_bias=bias)
+    config._attn_implementation = "sdpa"  # causal without a mask, as in LlamaModel
+    return randomise(LlamaDecoderLayer(config, layer_idx=0).to(torch.float64))
+
+
+def rope_tables(length: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's default ``(cos, sin)`` for positions ``0..length-1`` in float64, ``(1, L,
+    head_dim)``: angle ``i · theta^(-2m/head_dim)``, repeated over the two halves."""
+    frequencies = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * frequencies
+    angles = torch.cat([angles, angles], dim=-1)[None]
+    return angles.cos(), angles.sin()
+
+
+def llama_twin(layer: torch.nn.Module) -> torch.nn.Module:
+    """``layer`` in float64 throughout, sharing its parameters (same names, same order).
+    ``LlamaRMSNorm`` computes in float32 even for float64 inputs, and the model hands its
+    layers cos/sin made in float32: the twin has ``torch.nn.RMSNorm`` with the same weight
+    and eps, and gets the tables in float64."""
+    twin = copy.deepcopy(layer)
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        setattr(twin, name, torch.nn.RMSNorm(layer.hidden_size, dtype=torch.float64,
+                                             eps=getattr(layer, name).variance_epsilon))
+    for name, parameter in layer.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        setattr(twin.get_submodule(owner), leaf, parameter)
+    theta = layer.self_attn.config.rope_parameters["rope_theta"]
+
+    def tables(module, args, kwargs):
+        length = (args[0] if args else kwargs["hidden_states"]).shape[-2]
+        return args, {**kwargs, "position_embeddings": rope_tables(
+            length, layer.self_attn.head_dim, theta)}
+
+    twin.register_forward_pre_hook(tables, with_kwargs=True)
+    return twin
 
 
 def output(layer, X):
@@ -87,18 +134,28 @@ LAYERS = {
     "encoder-pre-relu-nobias": (lambda: encoder_layer(True, "relu", False),
                                 "self_attn.in_proj_weight", "linear1.weight"),
     "gpt2": (gpt2_block, "attn.c_attn.weight", "mlp.c_fc.weight"),
+    # grouped-query attention with biases (d_k = 2); multi-query without (d_k = 4)
+    "llama-gqa-bias": (lambda: llama_layer(4, 2, True), "self_attn.k_proj.weight",
+                       "mlp.up_proj.weight"),
+    "llama-mqa": (lambda: llama_layer(2, 1, False), "self_attn.q_proj.weight",
+                  "mlp.gate_proj.weight"),
 }
 
 
 @pytest.fixture(scope="module", params=list(LAYERS))
 def case(request):
+    """The layer's reference (itself, or its float64 twin sharing its parameters), curvgap
+    on the layer itself, inputs, targets and the reverse-over-reverse Hessian."""
     make, attention_weight, ffn_weight = LAYERS[request.param]
     layer = make()
-    layer.attention_weight, layer.ffn_weight = attention_weight, ffn_weight
+    reference = llama_twin(layer) if request.param.startswith("llama") else layer
+    reference.attention_weight, reference.ffn_weight = attention_weight, ffn_weight
+    width = layer.self_attn.config.hidden_size if reference is not layer else D
     generator = torch.Generator().manual_seed(1)
-    X = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
-    T = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
-    return layer, curvgap.curvature(layer), X, T, reference_hessian(layer, X, T)
+    X = torch.randn(B, L, width, generator=generator, dtype=torch.float64)
+    T = torch.randn(B, L, width, generator=generator, dtype=torch.float64)
+    return (reference, curvgap.curvature(layer), X, T,
+            reference_hessian(reference, X, T))
 
 
 def test_forward_and_loss_equal_the_layer(case):
@@ -154,7 +211,7 @@ def test_jacobian_in_the_layout_of_the_layers_parameter(case):
 
     with sdpa_kernel(SDPBackend.MATH):
         J = torch.autograd.functional.jacobian(out, weight.detach())
-    J = J.reshape(B, L * D, -1)
+    J = J.reshape(B, X[0].numel(), -1)
     assert relative(c.jacobian(X, layer.ffn_weight), J) <= 1e-10
 
 
@@ -242,3 +299,38 @@ def test_an_approximate_gelu_is_refused_not_approximated():
     with pytest.raises(UnsupportedLayer, match="layer.mlp.act: expected one of .*, got "
                                                "QuickGELUActivation"):
         curvgap.curvature(gpt2_block("quick_gelu"))
+
+
+def test_llama_as_it_runs_agrees_to_its_float32_internals():
+    """The unchanged layer, with the model's own rotary tables: equal to float32 rounding
+    (its norms and tables are float32), and the tables equal the float64 ones to it."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    layer = llama_layer(4, 2, True)
+    X = torch.randn(B, L, 2 * D, dtype=torch.float64)
+    cos, sin = LlamaRotaryEmbedding(layer.self_attn.config)(X, torch.arange(L)[None])
+    exact = rope_tables(L, layer.self_attn.head_dim, 500.0)
+    assert relative(cos, exact[0]) <= 1e-6 and relative(sin, exact[1]) <= 1e-6
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        assert relative(curvgap.curvature(layer).forward(X),
+                        layer(X, position_embeddings=(cos, sin))) <= 1e-5
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda layer: layer.train(), "layer.self_attn.attention_dropout: the layer is in "
+                                  "training mode"),
+    (lambda layer: setattr(layer.self_attn.config, "rope_parameters",
+                           {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+     "rope_parameters: expected the default RoPE, got rope_type 'linear'"),
+    (lambda layer: setattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6),
+     "layer.post_attention_layernorm.variance_epsilon: expected the eps"),
+    (lambda layer: setattr(layer.mlp, "act_fn", torch.nn.Mish()),
+     "layer.mlp.act_fn: expected one of .*, got Mish"),
+])
+def test_what_curvgap_does_not_represent_in_llama_is_refused(change, message):
+    layer = llama_layer(4, 2, True)
+    layer.self_attn.config.attention_dropout = 0.1
+    layer.self_attn.attention_dropout = 0.1
+    change(layer)
+    with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(layer)
