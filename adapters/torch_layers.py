@@ -39,23 +39,23 @@ class Recognised:
 def _recognisers() -> dict[tuple[str, str], Callable[[torch.nn.Module, str], Recognised]]:
     """The recognisers by ``(module, class name)`` of the layer class they read (looked up
     without importing the library the class comes from)."""
-    from . import transformers_layers
+    from . import timm_layers, transformers_layers
 
     return {("torch.nn.modules.transformer", "TransformerEncoderLayer"): encoder_layer,
-            **transformers_layers.RECOGNISERS}
+            **transformers_layers.RECOGNISERS, **timm_layers.RECOGNISERS}
 
 
 def recognise(layer: torch.nn.Module, loss: str) -> Recognised:
     """The :class:`Recognised` form of ``layer``, or :class:`UnsupportedLayer` naming what
     it does that curvgap does not represent."""
     recognisers = _recognisers()
-    for cls in type(layer).__mro__:
-        found = recognisers.get((cls.__module__, cls.__name__))
-        if found is not None:
-            return found(layer, loss)
-    names = ", ".join(name for _, name in recognisers)
-    raise UnsupportedLayer(f"layer: expected a layer curvgap recognises ({names}), got "
-                           f"{type(layer).__name__}")
+    cls = type(layer)  # the class itself: a subclass may compute something else
+    found = recognisers.get((cls.__module__, cls.__name__))
+    if found is None:
+        names = ", ".join(f"{module.split('.')[0]} {name}" for module, name in recognisers)
+        raise UnsupportedLayer(f"layer: expected a layer curvgap recognises ({names}), got "
+                               f"{cls.__module__}.{cls.__name__}")
+    return found(layer, loss)
 
 
 def refuse_dropout(layer: torch.nn.Module, rates: dict[str, float]) -> None:

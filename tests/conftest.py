@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -59,3 +63,51 @@ def extra_module(module: str):
     if os.environ.get("CURVGAP_REQUIRE_EXTRAS") == "1":
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"needs {module} (pip install -e '.[test]')")
+
+
+class _Inert(type):
+    """A class whose every attribute is another inert class."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert(name, (), {})
+
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert(name, (), {})
+
+
+class _InertTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports of ``torchvision`` and its submodules give inert modules."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] == "torchvision":
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _InertModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def import_timm():
+    """timm, from the test extra (installed with ``--no-deps``). timm imports torchvision
+    when it is imported (for its image transforms and batch-norm freezing), and no
+    torchvision wheel runs beside the pinned CPU torch (the registry's are CUDA builds);
+    where torchvision fails to import, it is replaced by an inert stand-in. The layers
+    tested here (the ViT ``Block``, ``Attention``, ``Mlp``) never touch it."""
+    try:
+        import torchvision  # noqa: F401
+    except (ImportError, RuntimeError, OSError):
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _InertTorchvision())
+    return extra_module("timm")

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import extra_module
+from conftest import extra_module, import_timm
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvgap
@@ -58,6 +58,15 @@ def llama_layer(heads: int, kv_heads: int, bias: bool, seed: int = 0) -> torch.n
                                       attention_bias=bias, mlp_bias=bias)
     config._attn_implementation = "sdpa"  # causal without a mask, as in LlamaModel
     return randomise(LlamaDecoderLayer(config, layer_idx=0).to(torch.float64))
+
+
+def vit_block(**options) -> torch.nn.Module:
+    import_timm()
+    from timm.models.vision_transformer import Block
+
+    torch.manual_seed(0)
+    options = {"qkv_bias": True, **options}
+    return randomise(Block(D, HEADS, mlp_ratio=D_FF / D, **options).to(torch.float64))
 
 
 def rope_tables(length: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +143,7 @@ LAYERS = {
     "encoder-pre-relu-nobias": (lambda: encoder_layer(True, "relu", False),
                                 "self_attn.in_proj_weight", "linear1.weight"),
     "gpt2": (gpt2_block, "attn.c_attn.weight", "mlp.c_fc.weight"),
+    "timm-vit": (vit_block, "attn.qkv.weight", "mlp.fc2.weight"),
     # grouped-query attention with biases (d_k = 2); multi-query without (d_k = 4)
     "llama-gqa-bias": (lambda: llama_layer(4, 2, True), "self_attn.k_proj.weight",
                        "mlp.up_proj.weight"),
@@ -333,4 +343,21 @@ def test_what_curvgap_does_not_represent_in_llama_is_refused(change, message):
     layer.self_attn.attention_dropout = 0.1
     change(layer)
     with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(layer)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"init_values": 1e-5}, "layer.ls1: expected Identity, got LayerScale"),
+    ({"qk_norm": True}, "layer.attn.q_norm: expected Identity, got LayerNorm"),
+    ({"qkv_bias": False}, "layer.attn.proj.bias: expected biases everywhere or nowhere"),
+    ({"act_layer": torch.nn.Mish}, "layer.mlp.act: expected one of .*, got Mish"),
+])
+def test_what_curvgap_does_not_represent_in_timm_is_refused(options, message):
+    with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(vit_block(**options))
+
+
+def test_timm_stochastic_depth_in_training_is_refused():
+    layer = vit_block(drop_path=0.1).train()
+    with pytest.raises(UnsupportedLayer, match="layer.drop_path1: the layer is in training"):
         curvgap.curvature(layer)
