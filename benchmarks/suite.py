@@ -26,6 +26,7 @@ from ..codegen.generate import render_all
 from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
 from ..derivations.config import load
+from . import real_layer
 from .routes import Routes
 
 HEADLINE = {"L": 16, "d": 16, "d_k": 16, "d_ff": 64}
@@ -142,6 +143,7 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
         _headline(runner, headline, batch, dtype)
     if not quick:
         _mnist(runner)
+    _real_layer(runner, quick)
     memory = _peak_memory(runner, headline, batch)
     report(f"  peak memory of numpy loss_hessian: {memory['peak_bytes'] / 2**20:.1f} MiB "
            f"= {memory['ratio_to_output']:.2f} x its output")
@@ -210,6 +212,30 @@ def _mnist(runner: Runner) -> None:
         **r.curvgaps("loss_hessian"),
         "torch.func.hessian per sample (8 at a time)": r.hessian_per_sample(chunk=8),
     }, ["torch.func.hessian per sample (8 at a time)"])
+
+
+def _real_layer(runner: Runner, quick: bool) -> None:
+    """``curvgap.curvature`` on a ``torch.nn.TransformerEncoderLayer`` against reverse over
+    reverse on the layer itself."""
+    d, heads, d_ff, L, batch = (4, 2, 8, 4, 2) if quick else (16, 2, 32, 16, 8)
+    label = {"layer": "TransformerEncoderLayer (pre-LN, GELU, biases)", "L": L, "d": d,
+             "heads": heads, "d_ff": d_ff, "B": batch, "dtype": "float64"}
+    runner.report(f"  a real layer {label}")
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(batch, L, d, generator=generator, dtype=torch.float64)
+            for _ in range(2))
+    r = real_layer.LayerRoutes(real_layer.encoder_layer(d, heads, d_ff), X, T)
+    check = real_layer.agreement(r)
+    runner.report(f"    agreement with reverse over reverse (max rel. difference): {check}")
+    runner.results.append({"quantity": "agreement (real layer)", "size": label,
+                           "relative": check})
+    runner.case("real layer loss_hessian", label, {
+        "curvgap.curvature": r.curvgap_hessian(),
+        "reverse over reverse (batched rows)": r.hessian_rows(),
+    }, ["reverse over reverse (batched rows)"])
+    runner.case("real layer hvp", label, {
+        "curvgap.curvature": r.curvgap_hvp(), "double backward": r.hvp_double_backward(),
+    }, ["double backward"])
 
 
 def _optional(make: Callable) -> Callable | None:

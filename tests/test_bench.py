@@ -15,10 +15,11 @@ def test_quick_bench_writes_finite_results(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
     timed = [row for row in results["cases"] if "seconds" in row]
     assert {row["quantity"] for row in timed} >= {"loss_hessian (full)", "hvp",
-                                                  "jacobian (all params)"}
+                                                  "jacobian (all params)",
+                                                  "real layer loss_hessian", "real layer hvp"}
     for row in timed:
         assert all(math.isfinite(t) and t > 0 for t in row["seconds"].values())
     for row in results["cases"]:
-        if row["quantity"] == "agreement":
+        if row["quantity"] in ("agreement", "agreement (real layer)"):
             assert max(row["relative"].values()) < 1e-10
     assert results["machine"]["torch"].startswith("2.")
