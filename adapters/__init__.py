@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .curvature import Curvature
-from .torch_layers import UnsupportedLayer
+from .layers import UnsupportedLayer
 
 
 def curvature(layer: torch.nn.Module, loss: str = "mse") -> Curvature:

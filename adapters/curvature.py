@@ -23,7 +23,8 @@ import torch
 
 from ..codegen.backends import backend as backend_named
 from ..codegen.generate import recorded_state, relative_path, render_all, write
-from .torch_layers import Recognised, recognise
+from .layers import Recognised
+from .recognise import recognise
 
 
 def _cache() -> Path:

@@ -1,4 +1,4 @@
-"""timm layers curvgap recognises: the ViT ``Block`` (see :mod:`.torch_layers` for what a
+"""timm layers curvgap recognises: the ViT ``Block`` (see :mod:`.layers` for what a
 recogniser returns). The block is taken as it runs in a ViT: no attention mask, not causal.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..derivations.config import validate
-from .torch_layers import (
+from .layers import (
     Recognised,
     UnsupportedLayer,
     Values,

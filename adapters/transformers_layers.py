@@ -1,5 +1,5 @@
 """Hugging Face transformers layers curvgap recognises: ``GPT2Block`` and
-``LlamaDecoderLayer`` (see :mod:`.torch_layers` for what a recogniser returns).
+``LlamaDecoderLayer`` (see :mod:`.layers` for what a recogniser returns).
 
 Both are taken causal, as their models run them (``GPT2Model`` and ``LlamaModel`` pass a
 causal mask; the layer alone has none under the eager attention).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..derivations.config import validate
-from .torch_layers import (
+from .layers import (
     Recognised,
     UnsupportedLayer,
     Values,

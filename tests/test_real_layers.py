@@ -152,7 +152,13 @@ LAYERS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(LAYERS))
+#: Layers checked with ``-m slow`` (CI): the quick run keeps one of each library.
+SLOW = {"encoder-pre-gelu-bias", "encoder-post-gelu-nobias", "encoder-pre-relu-nobias",
+        "llama-mqa"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow)
+                                        if name in SLOW else name for name in LAYERS])
 def case(request):
     """The layer's reference (itself, or its float64 twin sharing its parameters), curvgap
     on the layer itself, inputs, targets and the reverse-over-reverse Hessian."""

@@ -10,10 +10,12 @@ import sympy as sp
 import torch
 from conftest import to_backend
 
-from curvgap.codegen.generate import generate
+from curvgap.codegen.backends import backend as backend_named
+from curvgap.codegen.generate import generate, render
 from curvgap.codegen.verify import check_module, random_case
 from curvgap.derivations.config import ConfigError, load, validate
 from curvgap.derivations.losses import r, register_residual_loss
+from curvgap.derivations.model import derive
 
 TOLERANCE = 1e-10
 DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}
@@ -62,6 +64,11 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
                                           "llama_block")}
 
 
+#: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
+SLOW = {"llama_block", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
+        "post_ln_biases_no_beta"}
+
+
 def _load_module(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -70,32 +77,52 @@ def _load_module(path, name):
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory):
+def variant(tmp_path_factory):
+    """``variant(name, backend)``: the config and generated module of a variant, derived on
+    first use (module backends only: LaTeX of every variant is
+    :func:`test_every_variant_renders_as_latex`)."""
     register_residual_loss("log_cosh", sp.log(sp.cosh(r)))
     folder = tmp_path_factory.mktemp("variants")
-    paths = []
-    for name, body in VARIANTS.items():
-        path = folder / f"{name}.toml"
-        path.write_text(f'name = "{name}"\n{body}\n')
-        paths.append(path)
-    written = generate(paths, folder / "out", report=lambda line: None)
-    return {(p.stem, p.parent.name): p for p in written}, {p.stem: load(p) for p in paths}
+    derived = {}
+
+    def get(name, backend):
+        if name not in derived:
+            path = folder / f"{name}.toml"
+            path.write_text(f'name = "{name}"\n{VARIANTS[name]}\n')
+            derived[name] = load(path), derive(load(path))
+        config, der = derived[name]
+        file = folder / backend / f"{name}.py"
+        if not file.exists():
+            file.parent.mkdir(exist_ok=True)
+            file.write_text(render(der, backend_named(backend)))
+        return config, _load_module(file, f"variant_{name}_{backend}")
+
+    return get
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_variant_matches_torch_func(variants, name, backend):
-    files, configs = variants
-    module = _load_module(files[name, backend], f"variant_{name}_{backend}")
-    errors = check_module(configs[name], module, backend, DIMS_OF.get(name, DIMS), batch=2,
-                          seed=3)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW
+                                  else name for name in sorted(VARIANTS)])
+def test_variant_matches_torch_func(variant, name, backend):
+    config, module = variant(name, backend)
+    errors = check_module(config, module, backend, DIMS_OF.get(name, DIMS), batch=2, seed=3)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, bad
 
 
-def test_custom_loss_module_names_its_loss(variants):
-    files, _ = variants
-    module = _load_module(files["ffn_log_cosh", "numpy"], "variant_log_cosh")
-    assert module.LOSS == "log_cosh"
+@pytest.mark.slow
+def test_every_variant_renders_as_latex(tmp_path):
+    """Through ``generate``, as users run it: every backend, LaTeX included."""
+    register_residual_loss("log_cosh", sp.log(sp.cosh(r)))
+    paths = []
+    for name, body in VARIANTS.items():
+        paths.append(tmp_path / f"{name}.toml")
+        paths[-1].write_text(f'name = "{name}"\n{body}\n')
+    written = generate(paths, tmp_path / "out", report=lambda line: None)
+    assert {p.stem for p in written if p.suffix == ".tex"} == set(VARIANTS)
+
+
+def test_custom_loss_module_names_its_loss(variant):
+    assert variant("ffn_log_cosh", "numpy")[1].LOSS == "log_cosh"
 
 
 @pytest.mark.parametrize("data, message", [
@@ -146,9 +173,8 @@ def test_cross_entropy_targets_are_checked(backend):
         module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, 4, dtype=torch.int64)))
 
 
-def test_rotary_needs_an_even_head_width(variants, backend):
-    files, _ = variants
-    module = _load_module(files["attention_rotary", backend], f"variant_rotary_{backend}")
+def test_rotary_needs_an_even_head_width(variant, backend):
+    module = variant("attention_rotary", backend)[1]
     params, X, _ = random_case(module, ROTARY_DIMS, batch=2)
     params = {"W_Q": params["W_Q"][:, :5], "W_K": params["W_K"][:, :5], "W_V": params["W_V"]}
     with pytest.raises(ValueError, match=r"params\['W_Q'\]: expected an even head width d_k "
