@@ -7,12 +7,14 @@ from collections.abc import Callable
 
 import torch
 
-from . import timm_layers, torch_layers, transformers_layers
 from .layers import Recognised, UnsupportedLayer
+from .timm_layers import RECOGNISERS as TIMM
+from .torch_layers import RECOGNISERS as TORCH
+from .transformers_layers import RECOGNISERS as TRANSFORMERS
 
 #: The recognisers by ``(module, class name)`` of the layer class they read.
 RECOGNISERS: dict[tuple[str, str], Callable[[torch.nn.Module, str], Recognised]] = {
-    **torch_layers.RECOGNISERS, **transformers_layers.RECOGNISERS, **timm_layers.RECOGNISERS}
+    **TORCH, **TRANSFORMERS, **TIMM}
 
 
 def recognise(layer: torch.nn.Module, loss: str) -> Recognised:
