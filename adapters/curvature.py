@@ -107,6 +107,15 @@ class Curvature:
         """The loss averaged over the batch (a scalar)."""
         return self.module.loss(self.params(), X, T)
 
+    def gradient(self, X: torch.Tensor, T: torch.Tensor,
+                 wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The loss's gradient over ``wrt`` (default: every parameter) in the layer's order,
+        ``(n,)``; ``wrt="X"``: per sample ``(B, L·d)``."""
+        if wrt == "X":
+            return self.module.gradient(self.params(), X, T, wrt="X")
+        ours, back = self._ours_of(wrt)
+        return self.module.gradient(self.params(), X, T, wrt=ours)[back]
+
     def jacobian(self, X: torch.Tensor, wrt: str) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, L·d, n_wrt)``, columns in the layout of
         the layer's parameter ``wrt`` (or of ``X``)."""

@@ -24,6 +24,7 @@ _PURPOSES = (
     ("jacobian_", "the Jacobian ∂Z/∂{0}"),
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
     ("hvp_", "Hessian-vector products in {0}"),
+    ("gradient", "the loss gradient ∂ℓ/∂V of every variable"),
     ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
     ("forward", "the forward pass"),
     ("loss", "the per-sample loss"),
@@ -92,7 +93,8 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         variables=[v.name for v in der.variables],
         jacobian=der.nodes("jacobian"), output_hessian=der.nodes("output_hessian"),
         loss_hessian=der.nodes("loss_hessian", ("gauss_newton", "functional")),
-        loss_hessian_full=der.nodes("loss_hessian"), hvp=der.nodes("hvp"),
+        loss_hessian_full=der.nodes("loss_hessian"), gradient=der.nodes("gradient"),
+        hvp=der.nodes("hvp"),
         directions=der.nodes("hvp", key="direction"),
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 import sympy as sp
 import torch
-from torch.func import hessian, jacrev, vmap
+from torch.func import grad, hessian, jacrev, vmap
 
 from ..derivations import attention, ffn, losses, normalization
 from ..derivations.config import Config
@@ -46,6 +46,8 @@ def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> tor
         return ((Z - target) ** 2).sum() / Z.numel()
     if config.loss == "cross_entropy":
         return torch.nn.functional.cross_entropy(Z, target)
+    if config.loss == "linear":
+        return (Z * target).sum()
     residual = sp.lambdify(losses.r, losses.residual_loss(config.loss), modules=_TORCH_FUNCTIONS)
     return residual(Z - target).sum() / Z.numel()
 
@@ -105,6 +107,16 @@ class Reference:
 
     def loss(self) -> torch.Tensor:
         return batch_loss(self.config, self.params, self.X, self.target)
+
+    def gradient(self, wrt: list[str]) -> torch.Tensor:
+        """The batch loss's gradient over the parameters ``wrt`` (concatenated), or with
+        ``["X"]`` each sample's own loss's gradient in its input ``(B, L·d)``."""
+        if wrt == ["X"]:
+            per_sample = vmap(grad(lambda x, t: sample_loss(self.config, self.params, x, t)))
+            return per_sample(self.X, self.target).reshape(self.X.shape[0], -1)
+        grads = grad(lambda p: batch_loss(self.config, {**self.params, **p}, self.X,
+                                          self.target))({n: self.params[n] for n in wrt})
+        return torch.cat([grads[n].reshape(-1) for n in wrt])
 
     def _out(self, x: torch.Tensor, values: dict) -> torch.Tensor:
         """The sample output with some parameters (or ``"X"``) replaced by ``values``."""
@@ -196,6 +208,10 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
     variables = [*names, "X"]
     errors = {"forward": relative_error(module.forward(P, Xb), ref.forward()),
               "loss": relative_error(module.loss(P, Xb, Tb), ref.loss())}
+    for wrt in ([names] if names else []) + [["X"]]:
+        label = "params" if wrt != ["X"] else "X"
+        errors[f"gradient[{label}]"] = relative_error(
+            module.gradient(P, Xb, Tb, wrt=wrt if wrt != ["X"] else "X"), ref.gradient(wrt))
     # each block against the whole quantity it is a block of: a block that is zero in exact
     # arithmetic (a key bias, a saturated softmax) is not measured against its own rounding
     jacobians = {v: ref.jacobian(v) for v in variables}

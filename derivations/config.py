@@ -19,7 +19,7 @@ CHOICES = {
     "norm_position": ("post", "pre"),
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "softplus",
                    "identity"),
-    "loss": ("mse", "cross_entropy"),
+    "loss": ("mse", "cross_entropy", "linear"),
 }
 
 #: Options that mean something for each kind; the others must keep their defaults.

@@ -5,6 +5,9 @@ Cross-entropy: the rows of ``Z`` are logits over ``d`` classes and ``T`` is the 
 target: ``ell = Σ_i (lse_i - Σ_j T_ij Z_ij) / L`` with ``lse_i = log Σ_j exp(Z_ij)`` the row
 log-sum-exp primitive of :mod:`.softmax` (computed shifted by the row maximum; derivatives in
 centred form, stable for large logits).
+Linear: ``ell = Σ_ij T_ij Z_ij``, the output contracted with a cotangent ``T``: its gradient
+is the vector-Jacobian product ``J^T vec(T)``, its Hessian ``(vec(T)^T ⊗ I) ∂²Z`` (all
+functional; the Gauss–Newton part is zero), the pieces that chain rules across layers need.
 Residual losses registered with :func:`register_residual_loss`:
 ``ell = Σ_ij f(Z_ij - T_ij) / (L·d)`` for a SymPy expression ``f`` of the residual.
 """
@@ -21,6 +24,8 @@ from .softmax import log_sum_exp_rows
 r = sp.Symbol("r", real=True)
 
 _RESIDUAL: dict[str, sp.Expr] = {}
+#: The losses every config may use without registering one.
+BUILT_IN = ("mse", "cross_entropy", "linear")
 
 
 def register_residual_loss(name: str, expr: sp.Expr) -> None:
@@ -29,7 +34,7 @@ def register_residual_loss(name: str, expr: sp.Expr) -> None:
     almost everywhere, and written with functions the backends print (for example
     ``log(cosh(r))``; ``Piecewise`` is refused: a Huber-like loss can be written
     ``sqrt(1 + r**2) - 1``)."""
-    if not isinstance(name, str) or not name.isidentifier() or name in ("mse", "cross_entropy"):
+    if not isinstance(name, str) or not name.isidentifier() or name in BUILT_IN:
         raise ValueError(f"name: expected a new identifier for the loss, got {name!r}")
     try:
         expr = sp.sympify(expr, strict=True)
@@ -59,7 +64,7 @@ def register_residual_loss(name: str, expr: sp.Expr) -> None:
 
 def names() -> tuple[str, ...]:
     """Every loss name a config may use."""
-    return ("mse", "cross_entropy", *_RESIDUAL)
+    return (*BUILT_IN, *_RESIDUAL)
 
 
 def residual_loss(name: str) -> sp.Expr:
@@ -76,6 +81,8 @@ def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
     if loss == "cross_entropy":
         lse = log_sum_exp_rows(g, Z, prefix="ce_")
         return g.node("ell", (), (1 / rows) * (lse[i] - target[i, j] * Z[i, j]))
+    if loss == "linear":
+        return g.node("ell", (), target[i, j] * Z[i, j])
     D = g.node("D", (i, j), Z[i, j] - target[i, j])
     f = ScalarFn(loss, _RESIDUAL[loss].subs(r, x))
     return g.node("ell", (), (1 / (rows * width)) * D.apply(f, i, j))

@@ -13,6 +13,7 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``loss_hessian_V_W``        Gauss–Newton and functional parts of the loss Hessian block
                             ``(*shape(V), *shape(W))``: the second-order adjoint method;
 ``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
+``gradient``                ``∂ell/∂V`` for every variable, as dense arrays;
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
@@ -49,8 +50,9 @@ class Quantity:
     """One array of the generated-module contract, held by the graph output ``node``.
 
     ``kind`` is ``jacobian`` (``wrt = (V,)``), ``output_hessian`` (``(V, W)``),
-    ``loss_hessian`` (``(V, W)``, ``part`` ``full``, ``gauss_newton`` or ``functional``) or
-    ``hvp`` (``(V,)``, its direction read from the input ``direction``)."""
+    ``loss_hessian`` (``(V, W)``, ``part`` ``full``, ``gauss_newton`` or ``functional``),
+    ``gradient`` (``(V,)``) or ``hvp`` (``(V,)``, its direction read from the input
+    ``direction``)."""
 
     kind: str
     wrt: tuple[str, ...]
@@ -198,6 +200,7 @@ def derive(config: Config) -> Derivation:
         adjoints = calculus.propagate_adjoints(g, g.in_group("forward") + g.in_group("loss"),
                                                ell, seed)
     _loss_hessians(der, tangents, adjoints)
+    _gradients(der, adjoints)
     _hessian_vector_products(der, adjoints)
     return der
 
@@ -268,6 +271,15 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
             whole = (gauss_newton + blocks["functional"]).with_free(gauss_newton.free)
             der.add("loss_hessian", (v, w),
                     g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
+
+
+def _gradients(der: Derivation, adjoints: dict[str, Expr]) -> None:
+    """Group ``gradient``: ``∂ell/∂V`` of every parameter (averaged over the batch) and of
+    ``X`` (per sample), shaped as the variable."""
+    with der.add_group("gradient", ("adjoints",)):
+        for var in (*der.params, der.X):
+            der.add("gradient", (var.name,), der.graph.output(
+                f"gradient_{var.name}", adjoints[var.name], mean_over_batch=var is not der.X))
 
 
 def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None:

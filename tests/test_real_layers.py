@@ -206,6 +206,11 @@ def test_gauss_newton_part_equals_autograd(case):
     assert relative(c.loss_hessian(X, T, part="gauss_newton"), GN) <= 1e-10
 
 
+def test_gradient_in_the_layers_order_equals_autograd(case):
+    layer, c, X, T, _ = case
+    assert relative(c.gradient(X, T), gradient(layer, X, T)) <= 1e-12
+
+
 def test_hvp_and_a_block_by_name(case):
     layer, c, X, T, H = case
     v = torch.randn(H.shape[0], generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -367,3 +372,23 @@ def test_timm_stochastic_depth_in_training_is_refused():
     layer = vit_block(drop_path=0.1).train()
     with pytest.raises(UnsupportedLayer, match="layer.drop_path1: the layer is in training"):
         curvgap.curvature(layer)
+
+
+@pytest.mark.slow
+def test_cross_entropy_over_each_rows_outputs_equals_autograd():
+    """``loss="cross_entropy"``: ``F.cross_entropy`` of each row's ``d`` outputs against a
+    class index per row, averaged over rows and samples."""
+    layer = gpt2_block()
+    generator = torch.Generator().manual_seed(3)
+    X = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
+    T = torch.randint(0, D, (B, L), generator=generator)
+    params = list(layer.parameters())
+    with sdpa_kernel(SDPBackend.MATH):
+        loss = F.cross_entropy(output(layer, X).reshape(-1, D), T.reshape(-1))
+        flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
+                                                                     create_graph=True)])
+        H = torch.stack([torch.cat([r.reshape(-1) for r in torch.autograd.grad(
+            flat[k], params, retain_graph=True)]) for k in range(flat.numel())])
+    c = curvgap.curvature(layer, loss="cross_entropy")
+    assert relative(c.loss(X, T), loss.detach()) <= 1e-12
+    assert relative(c.loss_hessian(X, T), H) <= 1e-10

@@ -48,6 +48,7 @@ VARIANTS = {
                              'eps = 1e-6\nheads = 2\ncausal = true\nout_proj = true\n'
                              'activation = "silu"\nffn_gate = true'),
     "layernorm_no_beta": 'kind = "layernorm"\naffine = true\nnorm_bias = false\neps = 1e-5',
+    "pre_ln_linear_loss": 'norm_position = "pre"\nheads = 2\nout_proj = true\nloss = "linear"',
     "attention_rotary": 'kind = "self_attention"\nrotary = true\nrotary_base = 100.0',
     "attention_multi_query": ('kind = "self_attention"\nheads = 2\nkv_heads = 1\n'
                               'out_proj = true\ncausal = true'),
