@@ -159,20 +159,36 @@ class Reference:
 
         return hessian(flat)(torch.cat([self.params[name].reshape(-1) for name in wrt]))
 
+    def loss_hessian_mixed(self, wrt: list[str]) -> torch.Tensor:
+        """Per sample ``∂²ℓ_b/∂X_b∂θ``, ``(B, L·d, n)``, ``θ`` the parameters ``wrt``."""
+        def one(x, t):
+            def input_gradient(p):
+                merged = {**self.params, **p}
+                return grad(lambda xx: sample_loss(self.config, merged, xx, t))(x)
+            blocks = jacrev(input_gradient)({n: self.params[n] for n in wrt})
+            return torch.cat([blocks[n].reshape(x.numel(), -1) for n in wrt], dim=1)
+        return vmap(one)(self.X, self.target)
+
     def gauss_newton(self, wrt: list[str]) -> torch.Tensor:
         """``mean_b J_b^T (∂²ℓ/∂Z²) J_b`` with every factor from autograd."""
-        Js = [self.jacobian(name) for name in wrt]
-        J = torch.cat(Js, dim=-1)
-        Z = self.forward()
+        J = torch.cat([self.jacobian(name) for name in wrt], dim=-1)
+        Hz = self._output_curvature()
+        if wrt == ["X"]:
+            return torch.einsum("bri,brs,bsj->bij", J, Hz, J)
+        return torch.einsum("bri,brs,bsj->ij", J, Hz, J) / self.X.shape[0]
 
+    def gauss_newton_mixed(self, wrt: list[str]) -> torch.Tensor:
+        """Per sample ``J_X^T (∂²ℓ/∂Z²) J_θ`` with every factor from autograd."""
+        J = torch.cat([self.jacobian(name) for name in wrt], dim=-1)
+        return torch.einsum("bri,brs,bsj->bij", self.jacobian("X"), self._output_curvature(), J)
+
+    def _output_curvature(self) -> torch.Tensor:
+        """``∂²ℓ_b/∂Z_b²`` per sample, ``(B, L·d, L·d)``."""
         def curvature(z, t):
             return hessian(lambda zz: reference_loss(self.config, zz, t))(z)
 
         n = self.X[0].numel()
-        Hz = vmap(curvature)(Z, self.target).reshape(-1, n, n)
-        if wrt == ["X"]:
-            return torch.einsum("bri,brs,bsj->bij", J, Hz, J)
-        return torch.einsum("bri,brs,bsj->ij", J, Hz, J) / self.X.shape[0]
+        return vmap(curvature)(self.forward(), self.target).reshape(-1, n, n)
 
 
 def relative_error(value, reference: torch.Tensor, scale: torch.Tensor | None = None) -> float:
@@ -243,4 +259,12 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
             expected = full @ v
         errors[f"hvp[{label}]"] = relative_error(module.hvp(P, Xb, Tb, conv(v), wrt=arg),
                                                  expected)
+    if names:
+        full, gn = ref.loss_hessian_mixed(names), ref.gauss_newton_mixed(names)
+        errors["loss_hessian_mixed[X,params]"] = relative_error(
+            module.loss_hessian_mixed(P, Xb, Tb), full)
+        errors["loss_hessian_mixed[X,params].gauss_newton"] = relative_error(
+            module.loss_hessian_mixed(P, Xb, Tb, part="gauss_newton"), gn, full)
+        errors["loss_hessian_mixed[X,params].functional"] = relative_error(
+            module.loss_hessian_mixed(P, Xb, Tb, part="functional"), full - gn, full)
     return errors

@@ -11,7 +11,8 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``loss_tangent_V``          tangents of the loss nodes;
 ``adjoints``                ``∂ell/∂node`` for every node (reverse mode);
 ``loss_hessian_V_W``        Gauss–Newton and functional parts of the loss Hessian block
-                            ``(*shape(V), *shape(W))``: the second-order adjoint method;
+                            ``(*shape(V), *shape(W))``: the second-order adjoint method
+                            (``V = X``: per sample, with ``W = X`` or a parameter);
 ``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
 ``gradient``                ``∂ell/∂V`` for every variable, as dense arrays;
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
@@ -248,11 +249,12 @@ def _output_hessians(der: Derivation, tangents: dict[str, calculus.Tangents]) ->
 def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
                    adjoints: dict[str, Expr]) -> None:
     """Groups ``loss_hessian_V_W`` (Gauss–Newton and functional parts) and
-    ``loss_hessian_full_V_W`` (their sum) for parameter pairs ``V ≤ W`` and for ``X, X``."""
+    ``loss_hessian_full_V_W`` (their sum) for parameter pairs ``V ≤ W`` (averaged over the
+    batch), and per sample for ``X, X`` and for ``X, W`` with every parameter ``W``."""
     g = der.graph
     forward, loss = g.in_group("forward"), g.in_group("loss")
     pairs = [(a, b) for n, a in enumerate(der.params) for b in der.params[n:]]
-    for first, second in [*pairs, (der.X, der.X)]:
+    for first, second in [*pairs, (der.X, der.X), *((der.X, p) for p in der.params)]:
         v, w = first.name, second.name
         renamed, directions = _pair_directions(g, tangents, v, w)
         requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
