@@ -23,7 +23,7 @@ import torch
 
 from ..codegen.backends import backend as backend_named
 from ..codegen.generate import recorded_state, relative_path, render_all, write
-from .layers import Recognised
+from ..derivations.config import Config
 from .recognise import recognise
 
 
@@ -32,11 +32,12 @@ def _cache() -> Path:
     return Path(root) / "modules"
 
 
-def module_for(recognised: Recognised) -> ModuleType:
-    """The generated torch module of the layer's config (generated once, then reused)."""
-    digest = hashlib.sha256(json.dumps(dataclasses.asdict(recognised.config),
+def module_for(config: Config) -> ModuleType:
+    """The generated torch module of ``config`` (generated once into the cache, named by
+    the config's hash, then reused)."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(config),
                                        sort_keys=True).encode()).hexdigest()[:16]
-    config = dataclasses.replace(recognised.config, name=f"layer_{digest}")
+    config = dataclasses.replace(config, name=f"layer_{digest}")
     folder, torch_backend = _cache(), backend_named("torch")
     path = folder / relative_path(config, torch_backend)
     if recorded_state(path, config, torch_backend) != "current":
@@ -54,7 +55,7 @@ class Curvature:
     def __init__(self, layer: torch.nn.Module, loss: str = "mse") -> None:
         self.layer = layer
         self.recognised = recognise(layer, loss)
-        self.module = module_for(self.recognised)
+        self.module = module_for(self.recognised.config)
         self.names = list(self.recognised.names)
         shapes = dict(layer.named_parameters())
         sizes = [shapes[n].numel() for n in self.names]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
-ON_TOP = ["cli", "benchmarks", "analysis", "adapters"]
+ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models"]
 
 
 def _modules() -> dict[str, Path]:

@@ -1,0 +1,87 @@
+"""Stacks of blocks (``curvgap.models.Stack``): the loss, gradient and full loss Hessian of
+a 3-layer stack, cross-layer blocks included, against reverse-over-reverse autograd on the
+plain-PyTorch reference of the same stack (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from curvgap.codegen.verify import random_case, reference_loss, reference_output
+from curvgap.derivations.config import validate
+from curvgap.models import Stack
+
+DEPTH, B = 3, 2
+DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}  # L, d, d_k, d_ff all differ
+CONFIG = validate({"name": "stacked", "norm_position": "pre", "heads": 2, "out_proj": True,
+                   "affine": True, "eps": 1e-5, "attention_bias": True, "activation": "gelu",
+                   "ffn_bias": True})
+
+
+@pytest.fixture(scope="module")
+def case():
+    stack = Stack(CONFIG, DEPTH)
+    params = {}
+    for k in range(DEPTH):
+        layer, X, T = random_case(stack.top, DIMS, B, seed=k)
+        params.update({f"{k}.{name}": value for name, value in layer.items()})
+    flat = torch.cat([params[name].reshape(-1) for name in stack.PARAMS])
+    return stack, params, X, T, flat
+
+
+def reference(stack, params, X, T):
+    """The stack's loss as a function of all its parameters concatenated, in plain PyTorch."""
+    sizes = [params[name].numel() for name in stack.PARAMS]
+
+    def loss(flat):
+        values = {name: part.reshape(params[name].shape) for name, part in
+                  zip(stack.PARAMS, torch.split(flat, sizes))}
+        total = 0.0
+        for x, t in zip(X, T):
+            for k in range(stack.depth):
+                x = reference_output(CONFIG, {n: values[f"{k}.{n}"] for n in stack.block_params},
+                                     x)
+            total = total + reference_loss(CONFIG, x, t)
+        return total / X.shape[0]
+
+    return loss
+
+
+def relative(value, expected) -> float:
+    return float((value - expected).abs().max() / expected.abs().max())
+
+
+def test_loss_and_gradient_equal_autograd(case):
+    stack, params, X, T, flat = case
+    loss = reference(stack, params, X, T)
+    assert relative(stack.loss(params, X, T), loss(flat)) <= 1e-12
+    expected = torch.autograd.functional.jacobian(loss, flat)
+    assert relative(stack.gradient(params, X, T), expected) <= 1e-12
+
+
+def test_full_hessian_with_cross_layer_blocks_equals_autograd(case):
+    stack, params, X, T, flat = case
+    expected = torch.autograd.functional.hessian(reference(stack, params, X, T), flat)
+    H = stack.loss_hessian(params, X, T)
+    assert H.shape == expected.shape
+    assert relative(H, expected) <= 1e-10
+    n = flat.numel() // DEPTH  # a cross-layer block (layers 0 and 2) on its own
+    assert relative(H[:n, 2 * n:], expected[:n, 2 * n:]) <= 1e-10
+
+
+def test_one_layer_is_the_block(case):
+    stack, params, X, T, _ = case
+    one = Stack(CONFIG, 1)
+    layer = {name: params[f"0.{name}"] for name in stack.block_params}
+    assert torch.equal(one.loss_hessian({f"0.{n}": v for n, v in layer.items()}, X, T),
+                       stack.top.loss_hessian(layer, X, T))
+
+
+def test_bad_depth_and_params_are_refused(case):
+    stack, params, X, T, _ = case
+    with pytest.raises(ValueError, match="depth: expected an int >= 1, got 0"):
+        Stack(CONFIG, 0)
+    with pytest.raises(ValueError, match=r"params: expected exactly the keys .*, got unknown "
+                                         r"\['3.W_Q'\] and missing \['2.W_Q'\]"):
+        stack.gradient({**{k: v for k, v in params.items() if k != "2.W_Q"},
+                        "3.W_Q": params["2.W_Q"]}, X, T)
