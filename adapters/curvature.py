@@ -34,9 +34,9 @@ def _cache() -> Path:
 
 def module_for(config: Config) -> ModuleType:
     """The generated torch module of ``config`` (generated once into the cache, named by
-    the config's hash, then reused)."""
-    digest = hashlib.sha256(json.dumps(dataclasses.asdict(config),
-                                       sort_keys=True).encode()).hexdigest()[:16]
+    the hash of what it computes, its options but its name, then reused)."""
+    options = {**dataclasses.asdict(config), "name": ""}
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     config = dataclasses.replace(config, name=f"layer_{digest}")
     folder, torch_backend = _cache(), backend_named("torch")
     path = folder / relative_path(config, torch_backend)
@@ -137,6 +137,15 @@ class Curvature:
         ours, back = self._ours_of(wrt)
         H = self.module.loss_hessian(self.params(), X, T, wrt=ours, part=part)
         return H[back][:, back]
+
+    def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor,
+                           wrt: str | list[str] | None = None,
+                           part: str = "full") -> torch.Tensor:
+        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every
+        parameter), ``(B, L·d, n)``, columns in the layer's order."""
+        ours, back = self._ours_of(wrt)
+        H = self.module.loss_hessian_mixed(self.params(), X, T, wrt=ours, part=part)
+        return H[..., back]
 
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:

@@ -211,6 +211,23 @@ def test_gradient_in_the_layers_order_equals_autograd(case):
     assert relative(c.gradient(X, T), gradient(layer, X, T)) <= 1e-12
 
 
+def test_input_parameter_block_equals_autograd(case):
+    layer, c, X, T, _ = case
+
+    def input_gradient(*values):
+        names = [n for n, _ in layer.named_parameters()]
+        x = X.detach().requires_grad_()
+        with sdpa_kernel(SDPBackend.MATH):
+            out = torch.func.functional_call(layer, dict(zip(names, values)), (x,))
+            return torch.autograd.grad(F.mse_loss(out, T), x, create_graph=True)[0]
+
+    values = tuple(p.detach() for p in layer.parameters())
+    blocks = torch.autograd.functional.jacobian(input_gradient, values)
+    # d(mean over samples)/dX_b is the sample's own gradient over B
+    expected = torch.cat([j.reshape(B, X[0].numel(), -1) for j in blocks], dim=-1) * B
+    assert relative(c.loss_hessian_mixed(X, T), expected) <= 1e-10
+
+
 def test_hvp_and_a_block_by_name(case):
     layer, c, X, T, H = case
     v = torch.randn(H.shape[0], generator=torch.Generator().manual_seed(2), dtype=torch.float64)
