@@ -1,5 +1,6 @@
-"""Real layers: ``curvature(layer)`` recognises a PyTorch layer, generates its module once
-and gives its exact derivatives in the layer's own parameter order and layout."""
+"""Real layers and models: ``curvature(layer)`` recognises a PyTorch layer (or a
+``torch.nn.TransformerEncoder`` of recognised layers), generates its module once and gives
+its exact derivatives in the layer's own parameter order and layout."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import torch
 
 from .curvature import Curvature
 from .layers import UnsupportedLayer
+from .model_curvature import ModelCurvature
 
 
-def curvature(layer: torch.nn.Module, loss: str = "mse") -> Curvature:
-    """The exact curvature of ``layer`` under ``loss``."""
+def curvature(layer: torch.nn.Module, loss: str = "mse") -> Curvature | ModelCurvature:
+    """The exact curvature of ``layer`` (or of a ``torch.nn.TransformerEncoder``) under
+    ``loss``."""
+    if type(layer) is torch.nn.TransformerEncoder:
+        return ModelCurvature(layer, loss)
     return Curvature(layer, loss)
 
 
-__all__ = ["Curvature", "UnsupportedLayer", "curvature"]
+__all__ = ["Curvature", "ModelCurvature", "UnsupportedLayer", "curvature"]

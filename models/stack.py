@@ -25,7 +25,7 @@ import dataclasses
 
 import torch
 
-from ..adapters.curvature import module_for
+from ..codegen.cache import module_for
 from ..derivations.config import Config
 
 

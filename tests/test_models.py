@@ -85,3 +85,37 @@ def test_bad_depth_and_params_are_refused(case):
                                          r"\['3.W_Q'\] and missing \['2.W_Q'\]"):
         stack.gradient({**{k: v for k, v in params.items() if k != "2.W_Q"},
                         "3.W_Q": params["2.W_Q"]}, X, T)
+
+
+def test_transformer_encoder_through_curvature_equals_autograd():
+    """``curvgap.curvature`` on a 2-layer ``torch.nn.TransformerEncoder`` (no final norm):
+    the full Hessian in the model's own parameter order, cross-layer blocks included,
+    against reverse over reverse on the model (MATH attention kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import curvgap
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, activation="gelu",
+                                             batch_first=True, norm_first=True,
+                                             dtype=torch.float64)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
+    generator = torch.Generator().manual_seed(1)
+    X, T = (torch.randn(B, 3, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    params = list(model.parameters())
+    with sdpa_kernel(SDPBackend.MATH):
+        loss = torch.nn.functional.mse_loss(model(X), T)
+        flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
+                                                                     create_graph=True)])
+        H = torch.stack([torch.cat([r.reshape(-1) for r in torch.autograd.grad(
+            flat[k], params, retain_graph=True)]) for k in range(flat.numel())])
+    c = curvgap.curvature(model)
+    assert relative(c.loss(X, T), loss.detach()) <= 1e-12
+    assert relative(c.gradient(X, T), flat.detach()) <= 1e-12
+    assert relative(c.loss_hessian(X, T), H) <= 1e-10
+    model.norm = torch.nn.LayerNorm(4, dtype=torch.float64)
+    with pytest.raises(curvgap.adapters.UnsupportedLayer, match="model.norm: a final norm"):
+        curvgap.curvature(model)

@@ -1,0 +1,38 @@
+"""Generated torch modules of any config, made on first use into
+``$CURVGAP_CACHE/modules`` (default ``~/.cache/curvgap/modules``), named by the hash of the
+config's options (not its name), and reused while current."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+from ..derivations.config import Config
+from .backends import backend as backend_named
+from .generate import recorded_state, relative_path, render_all, write
+
+
+def _cache() -> Path:
+    root = os.environ.get("CURVGAP_CACHE") or Path.home() / ".cache" / "curvgap"
+    return Path(root) / "modules"
+
+
+def module_for(config: Config) -> ModuleType:
+    """The generated torch module of ``config`` (generated once into the cache, named by
+    the hash of what it computes, its options but its name, then reused)."""
+    options = {**dataclasses.asdict(config), "name": ""}
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+    config = dataclasses.replace(config, name=f"layer_{digest}")
+    folder, torch_backend = _cache(), backend_named("torch")
+    path = folder / relative_path(config, torch_backend)
+    if recorded_state(path, config, torch_backend) != "current":
+        write(render_all([config], report=lambda line: None), folder, force=True)
+    spec = importlib.util.spec_from_file_location(f"_curvgap_{config.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
