@@ -1,8 +1,8 @@
 """The house: imports run only downstream along the pipeline, and never in a circle.
 
 The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
-import itself and the packages before it. ``cli``, ``benchmarks``, ``analysis`` and
-``adapters`` (real layers) sit on top
+import itself and the packages before it. ``cli``, ``benchmarks``, ``analysis``,
+``adapters`` (real layers) and ``models`` (stacks of blocks) sit on top
 (they may import anything), and nothing below them imports them. Every import counts, at
 module level or inside a function.
 """
