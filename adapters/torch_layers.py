@@ -1,5 +1,5 @@
-"""PyTorch's own layers curvgap recognises: ``torch.nn.TransformerEncoderLayer`` (see
-:mod:`.layers` for what a recogniser returns)."""
+"""PyTorch's own layers curvgap recognises: ``torch.nn.TransformerEncoderLayer`` and
+``torch.nn.LayerNorm`` (see :mod:`.layers` for what a recogniser returns)."""
 
 from __future__ import annotations
 
@@ -53,4 +53,22 @@ def encoder_layer(layer: torch.nn.TransformerEncoderLayer, loss: str) -> Recogni
     return Recognised(config, names, ours, layer.self_attn.batch_first)
 
 
-RECOGNISERS = {("torch.nn.modules.transformer", "TransformerEncoderLayer"): encoder_layer}
+def layer_norm(layer: torch.nn.LayerNorm, loss: str) -> Recognised:
+    """``torch.nn.LayerNorm`` over the last axis ``d``, affine (with or without bias)."""
+    if len(layer.normalized_shape) != 1 or layer.weight is None:
+        raise UnsupportedLayer(f"layer.normalized_shape: expected an affine LayerNorm over the "
+                               f"last axis, got normalized_shape {tuple(layer.normalized_shape)}"
+                               f" with elementwise_affine={layer.weight is not None}")
+    bias = layer.bias is not None
+    config = validate({"name": "layer_norm", "kind": "layernorm", "eps": float(layer.eps),
+                       "affine": True, "norm_bias": bias, "loss": loss}, "layer")
+
+    def ours(v: Values) -> Values:
+        return {"gamma": v["weight"], **({"beta": v["bias"]} if bias else {})}
+
+    return Recognised(config, tuple(n for n, _ in layer.named_parameters()), ours,
+                      batch_first=True)
+
+
+RECOGNISERS = {("torch.nn.modules.transformer", "TransformerEncoderLayer"): encoder_layer,
+               ("torch.nn.modules.normalization", "LayerNorm"): layer_norm}

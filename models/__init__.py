@@ -1,5 +1,6 @@
-"""Whole models composed of generated blocks: :class:`Stack`, ``N`` blocks of one config."""
+"""Whole models composed of generated modules: :class:`Chain` (parts one after another),
+:class:`Stack` (``N`` blocks of one config)."""
 
-from .stack import Stack
+from .chain import Chain, Stack
 
-__all__ = ["Stack"]
+__all__ = ["Chain", "Stack"]

@@ -88,8 +88,8 @@ def test_bad_depth_and_params_are_refused(case):
 
 
 def test_transformer_encoder_through_curvature_equals_autograd():
-    """``curvgap.curvature`` on a 2-layer ``torch.nn.TransformerEncoder`` (no final norm):
-    the full Hessian in the model's own parameter order, cross-layer blocks included,
+    """``curvgap.curvature`` on a 2-layer ``torch.nn.TransformerEncoder`` with its final
+    norm: the full Hessian in the model's own parameter order, cross-layer blocks included,
     against reverse over reverse on the model (MATH attention kernel)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -99,7 +99,8 @@ def test_transformer_encoder_through_curvature_equals_autograd():
     layer = torch.nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, activation="gelu",
                                              batch_first=True, norm_first=True,
                                              dtype=torch.float64)
-    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    norm = torch.nn.LayerNorm(4, eps=1e-6, dtype=torch.float64)
+    model = torch.nn.TransformerEncoder(layer, 2, norm=norm, enable_nested_tensor=False).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
@@ -116,6 +117,7 @@ def test_transformer_encoder_through_curvature_equals_autograd():
     assert relative(c.loss(X, T), loss.detach()) <= 1e-12
     assert relative(c.gradient(X, T), flat.detach()) <= 1e-12
     assert relative(c.loss_hessian(X, T), H) <= 1e-10
-    model.norm = torch.nn.LayerNorm(4, dtype=torch.float64)
-    with pytest.raises(curvgap.adapters.UnsupportedLayer, match="model.norm: a final norm"):
+    model.layers[1].activation = torch.nn.functional.relu
+    with pytest.raises(curvgap.adapters.UnsupportedLayer, match="model.layers.1: expected the "
+                                                                "configuration of"):
         curvgap.curvature(model)

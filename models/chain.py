@@ -1,7 +1,8 @@
-"""A stack of ``N`` blocks of one config, ``Z_k = block(Z_{k-1}; θ_k)``, ``Z_0 = X``, with the
-config's loss on ``Z_N``: its gradient and its exact loss Hessian over any parameters of
-any layers, composed from the block's generated functions by the chain rule (Hessian
-backpropagation), so that one derivation of the block serves every depth.
+"""Chains of generated modules, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, with the last
+part's loss on the output (a :class:`Stack` is ``N`` blocks of one config): the gradient
+and the exact loss Hessian over the parameters of every part, composed from the parts'
+generated functions by the chain rule (Hessian backpropagation), so that one derivation of
+a block serves every depth.
 
 Per sample ``b``, with ``g_k = ∂ℓ_b/∂Z_k`` and ``M_k = ∂²ℓ_b/∂Z_k²``, block ``k`` (input
 ``Z_{k-1}``) gives its Jacobians ``J_X, J_θ`` and, from the module of its config with the
@@ -29,19 +30,30 @@ from ..codegen.cache import module_for
 from ..derivations.config import Config
 
 
-class Stack:
-    """``depth`` blocks of ``config``, parameters named ``"<layer>.<name>"`` (``"0.W_Q"``)
-    in layer order, each layer's in the block's ``PARAMS`` order. Inputs are torch tensors,
-    ``X`` of shape ``(B, L, d)``."""
+class Chain:
+    """Parts applied one after another, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, each part
+    a ``(prefix, config)`` of a kind that keeps the shape ``(L, d)`` (a block, a norm, an
+    FFN, self-attention), the last part's loss on the output. Parameters are named
+    ``"<prefix>.<name>"`` in part order, each part's in its module's ``PARAMS`` order.
+    Inputs are torch tensors, ``X`` of shape ``(B, L, d)``."""
 
-    def __init__(self, config: Config, depth: int) -> None:
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth: expected an int >= 1, got {depth!r}")
-        self.config, self.depth = config, depth
-        self.top = module_for(config)
-        self.inner = module_for(dataclasses.replace(config, loss="linear"))
-        self.block_params = [name for name, _ in self.top.PARAMS]
-        self.PARAMS = [f"{k}.{name}" for k in range(depth) for name in self.block_params]
+    def __init__(self, parts: list[tuple[str, Config]]) -> None:
+        if not parts:
+            raise ValueError("parts: expected at least one (prefix, config), got none")
+        self.prefixes = [prefix for prefix, _ in parts]
+        # every part but the last with the linear loss: its second derivatives against the
+        # cotangent from above; the last with the model's loss
+        self.modules = [module_for(dataclasses.replace(config, loss="linear"))
+                        for _, config in parts[:-1]] + [module_for(parts[-1][1])]
+        self.part_params = [[name for name, _ in module.PARAMS] for module in self.modules]
+        empty = [prefix for prefix, names in zip(self.prefixes, self.part_params) if not names]
+        if empty:
+            raise ValueError(f"parts: expected parts with parameters, got none in {empty}")
+        self.PARAMS = [f"{prefix}.{name}" for prefix, names in zip(self.prefixes,
+                                                                    self.part_params)
+                       for name in names]
+        self.depth = len(parts)
+
 
     def _layers(self, params: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         missing = [name for name in self.PARAMS if name not in params]
@@ -49,26 +61,26 @@ class Stack:
         if missing or unknown:
             raise ValueError(f"params: expected exactly the keys {self.PARAMS}, got unknown "
                              f"{unknown} and missing {missing}")
-        return [{name: params[f"{k}.{name}"] for name in self.block_params}
-                for k in range(self.depth)]
+        return [{name: params[f"{prefix}.{name}"] for name in names}
+                for prefix, names in zip(self.prefixes, self.part_params)]
 
     def _inputs(self, layers: list[dict], X: torch.Tensor) -> list[torch.Tensor]:
         """``Z_0 = X, Z_1, …, Z_{N-1}``: the input of each block."""
         inputs = [X]
-        for params in layers[:-1]:
-            inputs.append(self.top.forward(params, inputs[-1]))
+        for module, params in zip(self.modules[:-1], layers[:-1]):
+            inputs.append(module.forward(params, inputs[-1]))
         return inputs
 
     def forward(self, params: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
         """``Z_N``, shape ``(B, L, d)``."""
         layers = self._layers(params)
-        return self.top.forward(layers[-1], self._inputs(layers, X)[-1])
+        return self.modules[-1].forward(layers[-1], self._inputs(layers, X)[-1])
 
     def loss(self, params: dict[str, torch.Tensor], X: torch.Tensor,
              target: torch.Tensor) -> torch.Tensor:
         """The config's loss of ``Z_N`` per sample, averaged over the batch."""
         layers = self._layers(params)
-        return self.top.loss(layers[-1], self._inputs(layers, X)[-1], target)
+        return self.modules[-1].loss(layers[-1], self._inputs(layers, X)[-1], target)
 
     def _cotangents(self, layers: list[dict], inputs: list[torch.Tensor],
                     target: torch.Tensor) -> list[torch.Tensor | None]:
@@ -77,10 +89,9 @@ class Stack:
         shape = inputs[0].shape
         g: list[torch.Tensor | None] = [None] * self.depth
         for k in range(self.depth - 2, -1, -1):
-            above = self.top if k == self.depth - 2 else self.inner
             cotangent = target if k == self.depth - 2 else g[k + 1]
-            g[k] = above.gradient(layers[k + 1], inputs[k + 1], cotangent,
-                                  wrt="X").reshape(shape)
+            g[k] = self.modules[k + 1].gradient(layers[k + 1], inputs[k + 1], cotangent,
+                                                wrt="X").reshape(shape)
         return g
 
     def gradient(self, params: dict[str, torch.Tensor], X: torch.Tensor,
@@ -89,16 +100,16 @@ class Stack:
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
-        parts = [self.inner.gradient(layers[k], inputs[k], g[k]) for k in range(self.depth - 1)]
-        parts.append(self.top.gradient(layers[-1], inputs[-1], target))
+        parts = [module.gradient(params, x, cotangent) for module, params, x, cotangent in
+                 zip(self.modules, layers, inputs, [*g[:-1], target])]
         return torch.cat(parts)
 
     def _jacobians(self, layers: list[dict], inputs: list[torch.Tensor]
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per block, ``J_X`` ``(B, L·d, L·d)`` and ``J_θ`` ``(B, L·d, n_θ)``."""
-        J_X = [self.top.jacobian(p, x, "X") for p, x in zip(layers, inputs)]
-        J_theta = [torch.cat([self.top.jacobian(p, x, name) for name in self.block_params],
-                             dim=-1) for p, x in zip(layers, inputs)]
+        J_X = [m.jacobian(p, x, "X") for m, p, x in zip(self.modules, layers, inputs)]
+        J_theta = [torch.cat([m.jacobian(p, x, name) for name in names], dim=-1)
+                   for m, p, x, names in zip(self.modules, layers, inputs, self.part_params)]
         return J_X, J_theta
 
     def loss_hessian(self, params: dict[str, torch.Tensor], X: torch.Tensor,
@@ -114,8 +125,8 @@ class Stack:
         H = torch.zeros(offsets[-1], offsets[-1], dtype=X.dtype, device=X.device)
         M = None  # ∂²ℓ_b/∂Z_k², per sample, for the block above
         for k in range(self.depth - 1, -1, -1):
-            top = k == self.depth - 1
-            module, cotangent = (self.top, target) if top else (self.inner, g[k])
+            module = self.modules[k]
+            cotangent = target if k == self.depth - 1 else g[k]
             H_XX = module.loss_hessian(layers[k], inputs[k], cotangent, wrt="X")
             H_Xt = module.loss_hessian_mixed(layers[k], inputs[k], cotangent)
             H_tt = module.loss_hessian(layers[k], inputs[k], cotangent)
@@ -135,3 +146,14 @@ class Stack:
                     carried = J_X[a].transpose(1, 2) @ carried
             M = H_XX
         return H
+
+
+class Stack(Chain):
+    """``depth`` blocks of ``config``, parameters ``"<layer>.<name>"`` (``"0.W_Q"``)."""
+
+    def __init__(self, config: Config, depth: int) -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth: expected an int >= 1, got {depth!r}")
+        super().__init__([(str(k), config) for k in range(depth)])
+        self.top = self.modules[-1]
+        self.block_params = self.part_params[-1]
