@@ -104,46 +104,58 @@ class Chain:
                  zip(self.modules, layers, inputs, [*g[:-1], target])]
         return torch.cat(parts)
 
-    def _jacobians(self, layers: list[dict], inputs: list[torch.Tensor]
-                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per block, ``J_X`` ``(B, L·d, L·d)`` and ``J_θ`` ``(B, L·d, n_θ)``."""
-        J_X = [m.jacobian(p, x, "X") for m, p, x in zip(self.modules, layers, inputs)]
-        J_theta = [torch.cat([m.jacobian(p, x, name) for name in names], dim=-1)
-                   for m, p, x, names in zip(self.modules, layers, inputs, self.part_params)]
-        return J_X, J_theta
+    def _chosen(self, wrt: str | list[str] | None) -> list[list[str]]:
+        """Per part, the names of its parameters in ``wrt`` (default: all), in its order."""
+        names = self.PARAMS if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+        unknown = [n for n in names if n not in self.PARAMS]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"wrt: expected distinct names of PARAMS (such as "
+                             f"{self.PARAMS[0]!r}), got {names}")
+        return [[n for n in part if f"{prefix}.{n}" in names]
+                for prefix, part in zip(self.prefixes, self.part_params)]
 
     def loss_hessian(self, params: dict[str, torch.Tensor], X: torch.Tensor,
-                     target: torch.Tensor) -> torch.Tensor:
-        """The loss Hessian over every parameter, ``(n, n)`` in ``PARAMS`` order (its
-        ``(n_θ × n_θ)`` blocks arranged by layer)."""
+                     target: torch.Tensor, wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The loss Hessian over ``wrt`` (names of ``PARAMS``; default: all), ``(n, n)``
+        with its blocks in ``PARAMS`` order (arranged by part), cross-part blocks
+        included. Only the parts from the lowest one in ``wrt`` up are visited."""
+        chosen = self._chosen(wrt)
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
-        J_X, J_theta = self._jacobians(layers, inputs)
-        batch, sizes = X.shape[0], [J.shape[-1] for J in J_theta]
+        lowest = min(k for k, names in enumerate(chosen) if names)
+        J_X = {k: self.modules[k].jacobian(layers[k], inputs[k], "X")
+               for k in range(lowest, self.depth - 1)}
+        J_t = {k: torch.cat([self.modules[k].jacobian(layers[k], inputs[k], name)
+                             for name in names], dim=-1)
+               for k, names in enumerate(chosen) if names}
+        sizes = [J_t[k].shape[-1] if k in J_t else 0 for k in range(self.depth)]
         offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
         H = torch.zeros(offsets[-1], offsets[-1], dtype=X.dtype, device=X.device)
-        M = None  # ∂²ℓ_b/∂Z_k², per sample, for the block above
-        for k in range(self.depth - 1, -1, -1):
-            module = self.modules[k]
-            cotangent = target if k == self.depth - 1 else g[k]
-            H_XX = module.loss_hessian(layers[k], inputs[k], cotangent, wrt="X")
-            H_Xt = module.loss_hessian_mixed(layers[k], inputs[k], cotangent)
-            H_tt = module.loss_hessian(layers[k], inputs[k], cotangent)
-            if M is not None:  # the curvature from above, carried through this block
-                MJ_X, MJ_t = M @ J_X[k], M @ J_theta[k]
-                H_XX = H_XX + J_X[k].transpose(1, 2) @ MJ_X
-                H_Xt = H_Xt + J_X[k].transpose(1, 2) @ MJ_t
-                H_tt = H_tt + (J_theta[k].transpose(1, 2) @ MJ_t).mean(0)
-            rows = slice(offsets[k], offsets[k + 1])
-            H[rows, rows] = H_tt
-            carried = H_Xt  # ∂²ℓ_b/∂Z_a∂θ_k for the output Z_a of each block a below
-            for a in range(k - 1, -1, -1):
-                block = torch.einsum("bri,brj->ij", J_theta[a], carried) / batch
-                H[offsets[a]:offsets[a + 1], rows] = block
-                H[rows, offsets[a]:offsets[a + 1]] = block.T
-                if a:
-                    carried = J_X[a].transpose(1, 2) @ carried
+        batch, M = X.shape[0], None  # M: ∂²ℓ_b/∂Z², per sample, at the output of part k
+        for k in range(self.depth - 1, lowest - 1, -1):
+            module, names = self.modules[k], chosen[k]
+            args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
+            H_XX = module.loss_hessian(*args, wrt="X") if k > lowest else None
+            if M is not None and H_XX is not None:  # the curvature from above, carried
+                H_XX = H_XX + J_X[k].transpose(1, 2) @ (M @ J_X[k])
+            if names:
+                H_Xt = module.loss_hessian_mixed(*args, wrt=names)
+                H_tt = module.loss_hessian(*args, wrt=names)
+                if M is not None:
+                    MJ_t = M @ J_t[k]
+                    H_Xt = H_Xt + J_X[k].transpose(1, 2) @ MJ_t
+                    H_tt = H_tt + (J_t[k].transpose(1, 2) @ MJ_t).mean(0)
+                rows = slice(offsets[k], offsets[k + 1])
+                H[rows, rows] = H_tt
+                carried = H_Xt  # ∂²ℓ_b/∂Z_a∂θ_k for the output Z_a of each part a below
+                for a in range(k - 1, lowest - 1, -1):
+                    if a in J_t:
+                        block = torch.einsum("bri,brj->ij", J_t[a], carried) / batch
+                        H[offsets[a]:offsets[a + 1], rows] = block
+                        H[rows, offsets[a]:offsets[a + 1]] = block.T
+                    if a > lowest:
+                        carried = J_X[a].transpose(1, 2) @ carried
             M = H_XX
         return H
 

@@ -29,6 +29,12 @@ def case():
     return stack, params, X, T, flat
 
 
+@pytest.fixture(scope="module")
+def expected_hessian(case):
+    stack, params, X, T, flat = case
+    return torch.autograd.functional.hessian(reference(stack, params, X, T), flat)
+
+
 def reference(stack, params, X, T):
     """The stack's loss as a function of all its parameters concatenated, in plain PyTorch."""
     sizes = [params[name].numel() for name in stack.PARAMS]
@@ -59,14 +65,27 @@ def test_loss_and_gradient_equal_autograd(case):
     assert relative(stack.gradient(params, X, T), expected) <= 1e-12
 
 
-def test_full_hessian_with_cross_layer_blocks_equals_autograd(case):
+def test_full_hessian_with_cross_layer_blocks_equals_autograd(case, expected_hessian):
     stack, params, X, T, flat = case
-    expected = torch.autograd.functional.hessian(reference(stack, params, X, T), flat)
+    expected = expected_hessian
     H = stack.loss_hessian(params, X, T)
     assert H.shape == expected.shape
     assert relative(H, expected) <= 1e-10
     n = flat.numel() // DEPTH  # a cross-layer block (layers 0 and 2) on its own
     assert relative(H[:n, 2 * n:], expected[:n, 2 * n:]) <= 1e-10
+
+
+def test_a_cross_layer_block_alone_equals_autograd(case, expected_hessian):
+    stack, params, X, T, _ = case
+    expected = expected_hessian
+    wrt = ["0.W_V", "2.W_1", "2.b_2"]
+    starts = {name: sum(params[n].numel() for n in stack.PARAMS[:stack.PARAMS.index(name)])
+              for name in wrt}
+    index = torch.cat([torch.arange(starts[n], starts[n] + params[n].numel()) for n in wrt])
+    assert relative(stack.loss_hessian(params, X, T, wrt=wrt), expected[index][:, index]) <= 1e-10
+    with pytest.raises(ValueError, match=r"wrt: expected distinct names of PARAMS \(such as "
+                                         r"'0.W_Q'\), got \['W_Q'\]"):
+        stack.loss_hessian(params, X, T, wrt="W_Q")
 
 
 def test_one_layer_is_the_block(case):
