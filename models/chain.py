@@ -54,7 +54,6 @@ class Chain:
                        for name in names]
         self.depth = len(parts)
 
-
     def _layers(self, params: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         missing = [name for name in self.PARAMS if name not in params]
         unknown = sorted(set(params) - set(self.PARAMS))
@@ -65,7 +64,7 @@ class Chain:
                 for prefix, names in zip(self.prefixes, self.part_params)]
 
     def _inputs(self, layers: list[dict], X: torch.Tensor) -> list[torch.Tensor]:
-        """``Z_0 = X, Z_1, …, Z_{N-1}``: the input of each block."""
+        """``Z_0 = X, Z_1, …, Z_{N-1}``: the input of each part."""
         inputs = [X]
         for module, params in zip(self.modules[:-1], layers[:-1]):
             inputs.append(module.forward(params, inputs[-1]))
@@ -84,8 +83,8 @@ class Chain:
 
     def _cotangents(self, layers: list[dict], inputs: list[torch.Tensor],
                     target: torch.Tensor) -> list[torch.Tensor | None]:
-        """Per block ``k < N-1``, the cotangent ``∂ℓ_b/∂Z`` of its output per sample (shaped
-        as ``X``); ``None`` for the top block, whose loss is the config's own."""
+        """Per part ``k < N-1``, the cotangent ``∂ℓ_b/∂Z`` of its output per sample (shaped
+        as ``X``); ``None`` for the top part, whose loss is the model's own."""
         shape = inputs[0].shape
         g: list[torch.Tensor | None] = [None] * self.depth
         for k in range(self.depth - 2, -1, -1):
@@ -100,7 +99,7 @@ class Chain:
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
-        parts = [module.gradient(params, x, cotangent) for module, params, x, cotangent in
+        parts = [module.gradient(values, x, cotangent) for module, values, x, cotangent in
                  zip(self.modules, layers, inputs, [*g[:-1], target])]
         return torch.cat(parts)
 
