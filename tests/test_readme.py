@@ -23,8 +23,13 @@ def test_the_readme_has_examples_to_run():
     assert any(kind == "bash" for kind, _ in EXAMPLES)
 
 
-@pytest.mark.parametrize("kind, code", EXAMPLES,
-                         ids=[f"{k}-{n}" for n, (k, _) in enumerate(EXAMPLES)])
+#: Examples that derive a config from scratch run with ``-m slow`` (CI).
+DERIVES = "curvgap generate --config"
+
+
+@pytest.mark.parametrize("kind, code", [
+    pytest.param(kind, code, marks=pytest.mark.slow) if DERIVES in code else (kind, code)
+    for kind, code in EXAMPLES], ids=[f"{k}-{n}" for n, (k, _) in enumerate(EXAMPLES)])
 def test_readme_example_runs(kind, code, tmp_path):
     command = [sys.executable, "-c", code] if kind == "python" else ["bash", "-ec", code]
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
