@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..codegen.cache import module_for
+from .layers import flat_index
 from .recognise import recognise
 
 
@@ -26,25 +27,14 @@ class Curvature:
         self.recognised = recognise(layer, loss)
         self.module = module_for(self.recognised.config)
         self.names = list(self.recognised.names)
-        shapes = dict(layer.named_parameters())
-        sizes = [shapes[n].numel() for n in self.names]
         # where each entry of the module's parameters lives in the layer's flat vector
-        offsets = [sum(sizes[:k]) for k in range(len(sizes))]
-        index = {n: torch.arange(o, o + s).reshape(shapes[n].shape)
-                 for n, o, s in zip(self.names, offsets, sizes)}
+        index = flat_index(layer)
         mapped = self.recognised.ours(index)
         self._ours = [name for name, _ in self.module.PARAMS]
         self._position = {name: mapped[name].reshape(-1) for name in self._ours}
-        self._owner = {name: self._layer_owner(mapped[name], offsets, sizes)
+        self._owner = {name: next(n for n, entries in index.items()
+                                  if int(mapped[name].reshape(-1)[0]) in entries)
                        for name in self._ours}
-
-    def _layer_owner(self, positions: torch.Tensor, offsets: list[int],
-                     sizes: list[int]) -> str:
-        first = int(positions.reshape(-1)[0])
-        for name, offset, size in zip(self.names, offsets, sizes):
-            if offset <= first < offset + size:
-                return name
-        raise AssertionError("a parameter entry outside the layer")
 
     # -- the layer's parameters as the module's -------------------------------------------
     def params(self) -> dict[str, torch.Tensor]:

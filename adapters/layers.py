@@ -35,6 +35,16 @@ class Recognised:
     batch_first: bool
 
 
+def flat_index(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Per parameter name, the positions of its entries (shaped as the parameter) in
+    ``torch.cat([p.reshape(-1) for p in module.parameters()])``."""
+    index, offset = {}, 0
+    for name, parameter in module.named_parameters():
+        index[name] = torch.arange(offset, offset + parameter.numel()).reshape(parameter.shape)
+        offset += parameter.numel()
+    return index
+
+
 def refuse_dropout(layer: torch.nn.Module, rates: dict[str, float]) -> None:
     """:class:`UnsupportedLayer` when ``layer`` trains with a dropout rate (by attribute
     name) above zero: dropout is random, not a function of the weights."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..models import Chain
-from .layers import UnsupportedLayer
+from .layers import UnsupportedLayer, flat_index
 from .recognise import recognise
 
 
@@ -29,18 +29,11 @@ class ModelCurvature:
                 raise UnsupportedLayer(f"model.{prefix}: expected the configuration of "
                                        f"model.layers.0, got another")
         self.chain = Chain([(prefix, r.config) for prefix, r in self.recognised.items()])
-        shapes = dict(model.named_parameters())
-        names = list(shapes)
-        sizes = [shapes[n].numel() for n in names]
-        offsets = dict(zip(names, (sum(sizes[:k]) for k in range(len(sizes)))))
+        index = flat_index(model)
         positions = []  # where each entry of the chain's parameters lives in the model's
         for (prefix, recognised), names_of_part in zip(self.recognised.items(),
                                                        self.chain.part_params):
-            index = {n: torch.arange(offsets[f"{prefix}.{n}"],
-                                     offsets[f"{prefix}.{n}"] + shapes[f"{prefix}.{n}"].numel()
-                                     ).reshape(shapes[f"{prefix}.{n}"].shape)
-                     for n in recognised.names}
-            mapped = recognised.ours(index)
+            mapped = recognised.ours({n: index[f"{prefix}.{n}"] for n in recognised.names})
             positions += [mapped[name].reshape(-1) for name in names_of_part]
         self._back = torch.argsort(torch.cat(positions))
 
