@@ -21,8 +21,9 @@ from ..codegen.verify import check_module
 from ..derivations.config import Config
 
 TOLERANCE = 1e-10
-#: Sizes of the check: L, d, d_k, d_ff all differ; d is raised to a multiple of the heads.
-BASE_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
+#: Sizes of the check: L, d, d_k, d_ff (and an embedding's features p, a head's classes c)
+#: all differ; d is raised to a multiple of the heads.
+BASE_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5, "p": 7, "c": 9}
 
 
 def verify_dims(config: Config) -> dict[str, int]:

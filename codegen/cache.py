@@ -1,4 +1,4 @@
-"""Generated torch modules of any config, made on first use into
+"""Generated modules of any config, made on first use into
 ``$CURVGAP_CACHE/modules`` (default ``~/.cache/curvgap/modules``), named by the hash of the
 config's options (not its name), and reused while current."""
 
@@ -22,17 +22,18 @@ def _cache() -> Path:
     return Path(root) / "modules"
 
 
-def module_for(config: Config) -> ModuleType:
-    """The generated torch module of ``config`` (generated once into the cache, named by
-    the hash of what it computes, its options but its name, then reused)."""
+def module_for(config: Config, backend: str = "torch") -> ModuleType:
+    """The generated ``backend`` module (``"torch"`` or ``"numpy"``) of ``config``
+    (generated once into the cache, named by the hash of what it computes, its options but
+    its name, then reused)."""
     options = {**dataclasses.asdict(config), "name": ""}
     digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     config = dataclasses.replace(config, name=f"layer_{digest}")
-    folder, torch_backend = _cache(), backend_named("torch")
-    path = folder / relative_path(config, torch_backend)
-    if recorded_state(path, config, torch_backend) != "current":
+    folder, chosen = _cache(), backend_named(backend)
+    path = folder / relative_path(config, chosen)
+    if recorded_state(path, config, chosen) != "current":
         write(render_all([config], report=lambda line: None), folder, force=True)
-    spec = importlib.util.spec_from_file_location(f"_curvgap_{config.name}", path)
+    spec = importlib.util.spec_from_file_location(f"_curvgap_{config.name}_{backend}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

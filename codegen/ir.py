@@ -10,7 +10,7 @@ import sympy as sp
 from ..derivations.graph import Guard  # a statement as it is: checked after its node
 
 __all__ = ["Accumulate", "Assign", "CausalBias", "Combine", "Contract", "Elementwise", "Free",
-           "Guard", "Part", "Rotary", "RowMax", "Zeros"]
+           "Guard", "Part", "Pooling", "Rotary", "RowMax", "Zeros"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,16 @@ class Rotary:
     length: sp.Expr
     half: sp.Expr
     base: float
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """``result = (1 × length)``: pooling weights over the rows, ``1/length`` each for
+    ``kind = "mean"``, ``[1, 0, …, 0]`` for ``kind = "first"``."""
+
+    result: str
+    length: sp.Expr
+    kind: str
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from . import ir
 
 B = sizes.B
 NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
-           sizes.d_v: 8, sizes.g: 1, sizes.r: 2, sizes.d_r: 8, sizes.n_2: 2}
+           sizes.d_v: 8, sizes.g: 1, sizes.r: 2, sizes.d_r: 8, sizes.n_2: 2,
+           sizes.p: 16, sizes.c: 10, sizes.n_1: 1}
 LETTERS = [c for c in string.ascii_letters if c != "b"]
 
 
@@ -118,6 +119,12 @@ class _Lowerer:
             length, _, _, half = (k.dim for k in target.indices)
             self.dims |= {length, half}
             self.function.statements.append(ir.Rotary(target.name, length, half, assign.base))
+            return
+        if assign.reduction in ("pool_mean", "pool_first"):
+            length = target.indices[1].dim
+            self.dims.add(length)
+            self.function.statements.append(
+                ir.Pooling(target.name, length, assign.reduction.removeprefix("pool_")))
             return
         if assign.reduction == "max":
             source = self.use(assign.expr.terms[0].factors[0].name)

@@ -60,12 +60,14 @@ def summary(der: Derivation, group: str, writes: list[str]) -> str:
 def constant_dims(config: Config) -> dict[str, int]:
     """The sizes the config fixes: heads ``h``, and with grouped-query attention the
     key/value heads ``g`` and the query heads ``r`` that share each; ``n_2 = 2`` for the
-    halves a rotary pair spans."""
+    halves a rotary pair spans; ``n_1 = 1`` for the one row a pooling keeps."""
     dims = {"h": config.heads} if config.heads > 1 else {}
     if config.kv_heads:
         dims.update(g=config.kv_heads, r=config.heads // config.kv_heads)
     if config.rotary:
         dims["n_2"] = 2
+    if config.pooling != "none" or config.class_token:
+        dims["n_1"] = 1
     return dims
 
 
@@ -88,8 +90,8 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         constant_dims=constant_dims(der.config),
         input_shape=[str(s) for s in der.X.shape],
         output_shape=[str(s) for s in der.output.shape],
-        target_shape=(["L"] if der.config.loss == "cross_entropy"
-                      else [str(s) for s in der.target.shape]),
+        target_shape=[str(s) for s in der.target.shape[:-1 if der.config.loss ==
+                                                             "cross_entropy" else None]],
         variables=[v.name for v in der.variables],
         jacobian=der.nodes("jacobian"), output_hessian=der.nodes("output_hessian"),
         loss_hessian=der.nodes("loss_hessian", ("gauss_newton", "functional")),

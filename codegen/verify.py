@@ -17,7 +17,7 @@ import sympy as sp
 import torch
 from torch.func import grad, hessian, jacrev, vmap
 
-from ..derivations import attention, ffn, losses, normalization
+from ..derivations import attention, embedding, ffn, head, losses, normalization
 from ..derivations.config import Config
 from . import backends
 
@@ -31,6 +31,10 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
         return attention.reference(config, params, X)
     if config.kind == "ffn":
         return ffn.reference(config, params, X)
+    if config.kind == "embedding":
+        return embedding.reference(config, params, X)
+    if config.kind == "head":
+        return head.reference(config, params, X)
     if config.norm_position == "post":
         Y = normalization.reference(config, params, X + attention.reference(config, params, X),
                                     "_1")
@@ -86,8 +90,9 @@ def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int 
             value = 1 + 0.3 * value
         params[name] = value
     X = torch.randn(batch, *(dims[s] for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
-    if module.LOSS == "cross_entropy":
-        target = torch.randint(0, dims["d"], (batch, dims["L"]), generator=gen)
+    if module.LOSS == "cross_entropy":  # class indices of the rows of the output
+        *rows, classes = (dims[s] for s in module.OUTPUT_SHAPE)
+        target = torch.randint(0, classes, (batch, *rows), generator=gen)
     else:
         target = torch.randn(batch, *(dims[s] for s in module.TARGET_SHAPE), generator=gen,
                              dtype=dtype)
@@ -129,7 +134,7 @@ class Reference:
     def jacobian(self, wrt: str) -> torch.Tensor:
         def sample(x):
             return jacrev(lambda a: self._out(x, {wrt: a}))(self._start(wrt, x))
-        return vmap(sample)(self.X).reshape(self.X.shape[0], self.X[0].numel(), -1)
+        return vmap(sample)(self.X).reshape(self.X.shape[0], self.forward()[0].numel(), -1)
 
     def output_hessian(self, first: str, second: str) -> torch.Tensor:
         def sample(x):
@@ -183,12 +188,13 @@ class Reference:
         return torch.einsum("bri,brs,bsj->bij", self.jacobian("X"), self._output_curvature(), J)
 
     def _output_curvature(self) -> torch.Tensor:
-        """``∂²ℓ_b/∂Z_b²`` per sample, ``(B, L·d, L·d)``."""
+        """``∂²ℓ_b/∂Z_b²`` per sample, ``(B, n_Z, n_Z)``."""
         def curvature(z, t):
             return hessian(lambda zz: reference_loss(self.config, zz, t))(z)
 
-        n = self.X[0].numel()
-        return vmap(curvature)(self.forward(), self.target).reshape(-1, n, n)
+        Z = self.forward()
+        n = Z[0].numel()
+        return vmap(curvature)(Z, self.target).reshape(-1, n, n)
 
 
 def relative_error(value, reference: torch.Tensor, scale: torch.Tensor | None = None) -> float:

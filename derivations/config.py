@@ -14,12 +14,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 CHOICES = {
-    "kind": ("block", "self_attention", "layernorm", "ffn"),
+    "kind": ("block", "self_attention", "layernorm", "ffn", "embedding", "head"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("post", "pre"),
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "softplus",
                    "identity"),
     "loss": ("mse", "cross_entropy", "linear"),
+    "pooling": ("none", "mean", "first"),
 }
 
 #: Options that mean something for each kind; the others must keep their defaults.
@@ -40,6 +41,11 @@ APPLIES_TO = {
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
     "ffn_gate": ("block", "ffn"),
+    "embedding_bias": ("embedding",),
+    "positional": ("embedding",),
+    "class_token": ("embedding",),
+    "pooling": ("head",),
+    "head_bias": ("head",),
 }
 
 
@@ -73,6 +79,11 @@ class Config:
     activation: str = "relu"
     ffn_bias: bool = False
     ffn_gate: bool = False
+    embedding_bias: bool = True
+    positional: bool = True  # a learned positional embedding (L×d)
+    class_token: bool = False  # the first row is a learned token (a ViT's class token)
+    pooling: str = "none"  # of the rows before a head: none, mean or first
+    head_bias: bool = True
     loss: str = "mse"
 
 

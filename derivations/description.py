@@ -3,7 +3,7 @@ the opening of its document), from each sublayer's own line."""
 
 from __future__ import annotations
 
-from . import attention, ffn, normalization
+from . import attention, embedding, ffn, head, normalization
 from .config import Config
 
 
@@ -17,6 +17,12 @@ def describe(config: Config) -> tuple[str, str]:
     elif config.kind == "self_attention":
         title = attention.TITLE
         lines = [attention.describe(config), loss]
+    elif config.kind == "embedding":
+        title = embedding.TITLE
+        lines = [embedding.describe(config), loss]
+    elif config.kind == "head":
+        title = head.TITLE
+        lines = [head.describe(config), loss]
     elif config.kind == "ffn":
         title = ffn.TITLE
         lines = [ffn.describe(config, "X"), loss]

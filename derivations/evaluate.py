@@ -115,6 +115,12 @@ def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
             cos, sin = np.cos(angle), np.sin(angle)
             values[name] = np.stack([np.stack([cos, -sin], 1), np.stack([sin, cos], 1)], 1)
             continue
+        if assign.reduction in ("pool_mean", "pool_first"):
+            n = dims[assign.target.indices[1].dim]
+            first = np.arange(n) == 0
+            values[name] = (np.full((1, n), 1 / n) if assign.reduction == "pool_mean"
+                            else first[None].astype(float))
+            continue
         if assign.reduction == "max":
             if name not in values:
                 source = values[assign.expr.terms[0].factors[0].name]

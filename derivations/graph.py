@@ -85,8 +85,8 @@ class Assign:
 
     @property
     def differentiable(self) -> bool:
-        """False for constants (a row maximum, a causal mask, a rotary table) and for the
-        intermediates of a primitive: no derivative is taken of them."""
+        """False for constants (a row maximum, a causal mask, a rotary table, pooling
+        weights) and for the intermediates of a primitive: no derivative is taken of them."""
         return self.reduction is None and not self.internal
 
 
@@ -178,6 +178,15 @@ class Graph:
                    self.index(sizes.n_2, "t"), self.index(half, "m"))
         tensor = self.declare(name, indices, False, role="constant")
         self._append(tensor, Expr([], indices), reduction="rotary", base=base)
+        return tensor
+
+    def pooling(self, name: str, length: sp.Symbol, kind: str) -> Tensor:
+        """A constant ``name[o, i]`` (``1 × length``): the weights of a pooling over the
+        ``length`` rows, ``1/length`` each for ``kind = "mean"``, ``δ_{i0}`` (the first row)
+        for ``kind = "first"``."""
+        indices = (self.index(sizes.n_1, "o"), self.index(length, "i"))
+        tensor = self.declare(name, indices, False, role="constant")
+        self._append(tensor, Expr([], indices), reduction=f"pool_{kind}")
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:

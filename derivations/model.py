@@ -3,7 +3,8 @@
 :func:`derive` builds the forward graph of the configured sublayer and its loss, then
 derives, as groups of index-form assignments (each group becomes one generated function):
 
-``forward``                 the network's nodes, ending in the output ``Z`` (``L×d``);
+``forward``                 the network's nodes, ending in the output ``Z`` (``L×d``, or
+                            ``L×c``, ``1×c`` for a head);
 ``loss``                    the per-sample loss ``ell``;
 ``tangent_V``               ``d node / d V`` for every network node (forward mode);
 ``jacobian_V``              ``∂Z/∂V`` as a dense array ``(L, d, *shape(V))``;
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import attention, calculus, ffn, losses, normalization, sizes
+from . import attention, calculus, embedding, ffn, head, losses, normalization, sizes
 from .config import Config
 from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index, Term
@@ -117,10 +118,19 @@ def build_network(g: Graph, config: Config, external: dict | None = None
                    ) -> tuple[Tensor, Tensor, list[Tensor], list[Guard]]:
     """The forward nodes of the configured sublayer: input ``X``, output, parameters in
     the toolkit's order (``W_Q, W_K, W_V, W_O, W_1, b_1, W_2, b_2, gamma_1, beta_1,
-    gamma_2, beta_2``, those present), and runtime guards; ``external`` collects the shapes
+    gamma_2, beta_2``, those present; an embedding's ``W_E, b_E, c_E, P_E``, a head's
+    ``W_H, b_H``), and runtime guards; ``external`` collects the shapes
     users pass where they differ from the engine's."""
     external = {} if external is None else external
-    X = g.input("X", (sizes.L, sizes.d))
+    X = g.input("X", (sizes.L, sizes.p if config.kind == "embedding" else sizes.d))
+    if config.kind == "embedding":
+        with g.sublayer(embedding.TITLE):
+            layer = embedding.embed(g, X, config)
+        return X, layer.output, layer.params, []
+    if config.kind == "head":
+        with g.sublayer(head.TITLE):
+            layer = head.head(g, X, config)
+        return X, layer.output, layer.params, []
     if config.kind == "layernorm":
         with g.sublayer(normalization.title(config)):
             norm = normalization.normalize(g, X, config, "Z")
@@ -188,7 +198,7 @@ def derive(config: Config) -> Derivation:
     external: dict[str, tuple[str, ...]] = {}
     with g.group("forward"):
         X, Z, params, guards = build_network(g, config, external)
-    target = g.input("T", (sizes.L, sizes.d), role="target")
+    target = g.input("T", Z.shape, role="target")
     with g.group("loss"), g.sublayer("Loss"):
         ell = losses.build(g, config.loss, Z, target)
     der = Derivation(config, g, X, target, Z, ell, params, guards, external)

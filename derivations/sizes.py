@@ -1,4 +1,5 @@
-"""The size symbols: batch, sequence length, widths, heads, rotary halves."""
+"""The size symbols: batch, sequence length, widths, heads, rotary halves, input features,
+classes."""
 
 import sympy as sp
 
@@ -13,3 +14,6 @@ g = sp.Symbol("g", positive=True, integer=True)      # key/value heads (a config
 r = sp.Symbol("r", positive=True, integer=True)      # query heads per key/value head, h / g
 d_r = sp.Symbol("d_r", positive=True, integer=True)  # rotary frequencies per head, d_k / 2
 n_2 = sp.Symbol("n_2", positive=True, integer=True)  # the two halves a rotary pair spans, 2
+p = sp.Symbol("p", positive=True, integer=True)      # input features of an embedding
+c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a head
+n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1

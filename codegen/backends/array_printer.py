@@ -16,7 +16,7 @@ from ...derivations.functions import PRINTABLE
 from .. import calls, ir
 
 #: Size symbols: scalars at run time (Python ints), printed with ``**``.
-SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v", "g", "r", "d_r", "n_2"}
+SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v", "g", "r", "d_r", "n_2", "p", "c", "n_1"}
 
 
 class ArrayPrinter(PythonCodePrinter):
@@ -182,6 +182,9 @@ class ArrayPrinter(PythonCodePrinter):
     def _print_Rotary(self, node: ir.Rotary) -> str:
         return (f"{node.result} = _rotary(ns, {self._print(node.length)}, "
                 f"{self._print(node.half)}, {node.base!r})")
+
+    def _print_Pooling(self, node: ir.Pooling) -> str:
+        return f"{node.result} = _pooling(ns, {self._print(node.length)}, {node.kind!r})"
 
     def _print_Guard(self, node: ir.Guard) -> str:
         return (f"_guard(ns, {node.tensor}, {node.scale}, {node.argument!r}, "

@@ -150,6 +150,12 @@ class Builder:
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "the rotary rotations (a constant; $n_2 = 2$ halves of a head)",
                            note)
+        if assign.reduction in ("pool_mean", "pool_first"):
+            o, i = (printer.index_name(k) for k in target.indices)
+            lines = [r"\frac{1}{L}" if assign.reduction == "pool_mean"
+                     else rf"\delta_{{{i} 0}}"]
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+                           "the pooling weights (a constant; $n_1 = 1$ row)", note)
         layout = self.matrix(assign)
         matrix = None
         if layout is not None:
