@@ -23,7 +23,9 @@ _PURPOSES = (
     ("tangent_", "tangents along {0} of the network's nodes"),
     ("jacobian_", "the Jacobian ∂Z/∂{0}"),
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
+    ("hvp_joint", "the Hessian-vector product along one direction in every variable"),
     ("hvp_", "Hessian-vector products in {0}"),
+    ("jvp", "the output's directional derivative along every variable"),
     ("gradient", "the loss gradient ∂ℓ/∂V of every variable"),
     ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
     ("forward", "the forward pass"),
@@ -98,5 +100,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         loss_hessian_full=der.nodes("loss_hessian"), gradient=der.nodes("gradient"),
         hvp=der.nodes("hvp"),
         directions=der.nodes("hvp", key="direction"),
+        jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
+        joint_directions=der.nodes("hvp_joint", key="direction"),
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

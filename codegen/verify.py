@@ -273,4 +273,50 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
             module.loss_hessian_mixed(P, Xb, Tb, part="gauss_newton"), gn, full)
         errors["loss_hessian_mixed[X,params].functional"] = relative_error(
             module.loss_hessian_mixed(P, Xb, Tb, part="functional"), full - gn, full)
+    errors.update(_check_joint(module, ref, conv, names, jacobians, gen))
+    return errors
+
+
+def _check_joint(module: ModuleType, ref: Reference, conv, names: list[str],
+                 jacobians: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, float]:
+    """``jvp`` and ``hvp_joint`` along one random direction in every variable (and, but for
+    class-index targets, in the target), against the autograd Jacobians and Hessian blocks
+    contracted with it."""
+    X, batch = ref.X, ref.X.shape[0]
+    v_X = torch.randn(batch, X[0].numel(), generator=gen, dtype=X.dtype)
+    expected_jvp = torch.einsum("bri,bi->br", jacobians["X"], v_X)
+    H_XX = ref.loss_hessian(["X"])
+    expected_X = torch.einsum("bij,bj->bi", H_XX, v_X)
+    v = expected_params = None
+    if names:
+        n = sum(ref.params[name].numel() for name in names)
+        v = torch.randn(n, generator=gen, dtype=X.dtype)
+        J = torch.cat([jacobians[name] for name in names], dim=-1)
+        expected_jvp = expected_jvp + torch.einsum("bri,i->br", J, v)
+        H_Xt = ref.loss_hessian_mixed(names)
+        expected_params = (ref.loss_hessian(names) @ v
+                           + torch.einsum("bri,br->i", H_Xt, v_X) / batch)
+        expected_X = expected_X + torch.einsum("bri,i->br", H_Xt, v)
+    v_T = None
+    if ref.config.loss != "cross_entropy":  # a target of class indices has no direction
+        v_T = torch.randn(batch, expected_jvp.shape[1], generator=gen, dtype=X.dtype)
+
+        def gradients(target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            moved = Reference(ref.config, module, ref.params, X, target)
+            return moved.gradient(names) if names else X.new_zeros(0), moved.gradient(["X"])
+
+        _, (in_params, in_input) = torch.func.jvp(gradients, (ref.target,),
+                                                  (v_T.reshape(ref.target.shape),))
+        expected_X = expected_X + in_input
+        if names:
+            expected_params = expected_params + in_params
+    P = {k: conv(value) for k, value in ref.params.items()}
+    direction = None if v is None else conv(v)
+    errors = {"jvp": relative_error(module.jvp(P, conv(X), direction, conv(v_X)),
+                                    expected_jvp)}
+    in_params, in_input = module.hvp_joint(P, conv(X), conv(ref.target), direction, conv(v_X),
+                                           v_T=None if v_T is None else conv(v_T))
+    errors["hvp_joint[X]"] = relative_error(in_input, expected_X)
+    if names:
+        errors["hvp_joint[params]"] = relative_error(in_params, expected_params)
     return errors

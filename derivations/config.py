@@ -97,6 +97,21 @@ def _check_type(key: str, value: object, default: object, source: str) -> None:
                           f"got {value!r} ({type(value).__name__})")
 
 
+def check_name(name: str, source: str) -> None:
+    """:class:`ConfigError` unless ``name`` can name generated files: a Python identifier
+    (ASCII, not a keyword), at most :data:`MAX_NAME` characters, not starting with ``__``."""
+    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise ConfigError(f"{source}: 'name' must be a Python identifier (letters, digits, "
+                          f"underscores, not starting with a digit, not a keyword), "
+                          f"got {name!r}")
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"{source}: 'name' must have at most {MAX_NAME} characters (it "
+                          f"names files), got {len(name)} characters")
+    if name.startswith("__"):
+        raise ConfigError(f"{source}: 'name' must not start with '__' (names such as "
+                          f"__init__ are Python's own module files), got {name!r}")
+
+
 def validate(data: dict, source: str = "config") -> Config:
     """A :class:`Config` from a TOML table, or :class:`ConfigError` naming the entry."""
     known = {f.name: f.default for f in fields(Config)}
@@ -109,17 +124,7 @@ def validate(data: dict, source: str = "config") -> Config:
                           "the module name under generated/)")
     for key, value in data.items():
         _check_type(key, value, known[key], source)
-    name = data["name"]
-    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
-        raise ConfigError(f"{source}: 'name' must be a Python identifier (letters, digits, "
-                          f"underscores, not starting with a digit, not a keyword), "
-                          f"got {name!r}")
-    if len(name) > MAX_NAME:
-        raise ConfigError(f"{source}: 'name' must have at most {MAX_NAME} characters (it "
-                          f"names files), got {len(name)} characters")
-    if name.startswith("__"):
-        raise ConfigError(f"{source}: 'name' must not start with '__' (names such as "
-                          f"__init__ are Python's own module files), got {name!r}")
+    check_name(data["name"], source)
     from .losses import names as loss_names
 
     for key, allowed in {**CHOICES, "loss": loss_names()}.items():
@@ -162,6 +167,12 @@ def validate(data: dict, source: str = "config") -> Config:
 
 def load(path: str | Path) -> Config:
     """Parse and validate one TOML config file (UTF-8, at most :data:`MAX_BYTES`)."""
+    return validate(read_table(path), str(path))
+
+
+def read_table(path: str | Path) -> dict:
+    """The TOML table of one config file (UTF-8, at most :data:`MAX_BYTES`), parsed as data,
+    or :class:`ConfigError` naming what is wrong with the file."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"--config: expected a TOML file, got the folder {str(path)!r}")
@@ -184,4 +195,4 @@ def load(path: str | Path) -> Config:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return validate(table, str(path))
+    return table

@@ -17,6 +17,9 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
 ``gradient``                ``∂ell/∂V`` for every variable, as dense arrays;
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
+``jvp``                     ``dZ`` along directions ``u_V`` in every variable at once;
+``hvp_joint``               the Hessian over every variable (``X`` and the parameters) times
+                            one joint direction ``u``: the pieces a chain of modules needs.
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
 """
@@ -213,6 +216,7 @@ def derive(config: Config) -> Derivation:
     _loss_hessians(der, tangents, adjoints)
     _gradients(der, adjoints)
     _hessian_vector_products(der, adjoints)
+    _joint_directions(der, adjoints)
     return der
 
 
@@ -315,6 +319,36 @@ def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None
                 der.add("hvp", (var.name,), g.output(f"hvp_{var.name}", hv,
                                                      mean_over_batch=var is not der.X),
                         direction=inputs[var.name].name)
+
+
+def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
+    """Groups ``jvp`` (``dZ`` along directions ``u_V`` in every variable, per sample) and
+    ``hvp_joint`` (forward mode along the same directions and one ``u_T`` in the target,
+    over the adjoints: the parameters' product averaged over the batch, ``X``'s per
+    sample)."""
+    g = der.graph
+    directions, inputs = calculus.Tangents(()), {}
+    for var in der.variables:
+        inputs[var.name] = g.input(f"u_{var.name}", var.shape, role="direction",
+                                   batched=var is der.X)
+        directions.by_name[var.name] = inputs[var.name][var.indices].with_free(var.indices)
+    with der.add_group("jvp", ("forward",)):
+        tangents = calculus.propagate(g, g.in_group("forward"),
+                                      calculus.Tangents((), dict(directions.by_name)), "u")
+        der.add("jvp", (), g.output("jvp_Z", tangents.of(der.output)))
+    # the target has a direction too: with the linear loss Σ T∘Z its product is J^T u_T,
+    # the second term of a cotangent's tangent when modules are chained
+    target = g.input("u_T", der.target.shape, role="direction")
+    directions.by_name[der.target.name] = target[der.target.indices].with_free(
+        der.target.indices)
+    program = g.in_group("forward") + g.in_group("loss") + g.in_group("adjoints")
+    with der.add_group("hvp_joint", ("adjoints",)):
+        calculus.propagate(g, program, directions, "w")
+        for var in der.variables:
+            hv = calculus.differentiate(g, adjoints[var.name], directions)
+            der.add("hvp_joint", (var.name,), g.output(f"hvp_joint_{var.name}", hv,
+                                                       mean_over_batch=var is not der.X),
+                    direction=inputs[var.name].name)
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

@@ -1,6 +1,9 @@
 """Whole models composed of generated modules: :class:`Chain` (parts one after another),
-:class:`Stack` (``N`` blocks of one config)."""
+:class:`Stack` (``N`` blocks of one config), :class:`Model` (a model config: embedding,
+blocks, final norm, head)."""
 
 from .chain import Chain, Stack
+from .config import ModelConfig, load_model, validate_model
+from .model import Model
 
-__all__ = ["Chain", "Stack"]
+__all__ = ["Chain", "Model", "ModelConfig", "Stack", "load_model", "validate_model"]

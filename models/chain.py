@@ -18,16 +18,29 @@ with ``∂Z_{k-1}/∂θ_a = J_X^{(k-1)} ⋯ J_X^{(a+1)} J_θ^{(a)}``, carried do
 ``J_X^T H(X, θ_k)`` one block at a time; the top block's three blocks come straight from the
 module with the config's own loss. The gradient costs one pass per block, each block row
 of the Hessian one pass down the layers below it.
+
+The Hessian-vector product is matrix-free (Pearlmutter's forward-over-reverse, one part at a
+time): tangents ``dZ_k = J_X dZ_{k-1} + J_θ v_k`` go up through each part's ``jvp``; the
+cotangents' tangents ``dg_{k-1}`` and the products ``(Hv)_k`` come down through each part's
+``hvp_joint`` along ``(v_k, dZ_{k-1})`` with its cotangent ``g_k`` as the linear loss's
+target and ``dg_k`` as that target's direction (which adds ``J^T dg_k``):
+
+    (dg_{k-1}, (Hv)_k) = (∂²(g_k·Z_k)/∂(X, θ_k)²) (dZ_{k-1}, v_k) + J^T dg_k.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
+from typing import Any
 
+import numpy as np
 import torch
 
 from ..codegen.cache import module_for
 from ..derivations.config import Config
+
+Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
 
 class Chain:
@@ -35,16 +48,21 @@ class Chain:
     a ``(prefix, config)`` of a kind that keeps the shape ``(L, d)`` (a block, a norm, an
     FFN, self-attention), the last part's loss on the output. Parameters are named
     ``"<prefix>.<name>"`` in part order, each part's in its module's ``PARAMS`` order.
-    Inputs are torch tensors, ``X`` of shape ``(B, L, d)``."""
+    Inputs are the ``backend``'s arrays (torch tensors, or numpy arrays), ``X`` of the first
+    part's input shape, ``(B, L, d)`` or ``(B, L, p)`` for an embedding."""
 
-    def __init__(self, parts: list[tuple[str, Config]]) -> None:
+    def __init__(self, parts: list[tuple[str, Config]], backend: str = "torch") -> None:
         if not parts:
             raise ValueError("parts: expected at least one (prefix, config), got none")
+        if backend not in ("torch", "numpy"):
+            raise ValueError(f"backend: expected 'torch' or 'numpy', got {backend!r}")
+        self.backend = backend
         self.prefixes = [prefix for prefix, _ in parts]
         # every part but the last with the linear loss: its second derivatives against the
         # cotangent from above; the last with the model's loss
-        self.modules = [module_for(dataclasses.replace(config, loss="linear"))
-                        for _, config in parts[:-1]] + [module_for(parts[-1][1])]
+        self.modules: list[ModuleType] = [
+            module_for(dataclasses.replace(config, loss="linear"), backend)
+            for _, config in parts[:-1]] + [module_for(parts[-1][1], backend)]
         self.part_params = [[name for name, _ in module.PARAMS] for module in self.modules]
         empty = [prefix for prefix, names in zip(self.prefixes, self.part_params) if not names]
         if empty:
@@ -81,27 +99,33 @@ class Chain:
         layers = self._layers(params)
         return self.modules[-1].loss(layers[-1], self._inputs(layers, X)[-1], target)
 
-    def _cotangents(self, layers: list[dict], inputs: list[torch.Tensor],
-                    target: torch.Tensor) -> list[torch.Tensor | None]:
+    def _cat(self, arrays: list[Array]) -> Array:
+        return torch.cat(arrays) if self.backend == "torch" else np.concatenate(arrays)
+
+    def _zeros(self, n: int, like: Array) -> Array:
+        if self.backend == "torch":
+            return torch.zeros(n, n, dtype=like.dtype, device=like.device)
+        return np.zeros((n, n), dtype=like.dtype)
+
+    def _cotangents(self, layers: list[dict], inputs: list[Array],
+                    target: Array) -> list[Array | None]:
         """Per part ``k < N-1``, the cotangent ``∂ℓ_b/∂Z`` of its output per sample (shaped
-        as ``X``); ``None`` for the top part, whose loss is the model's own."""
-        shape = inputs[0].shape
-        g: list[torch.Tensor | None] = [None] * self.depth
+        as that output, the next part's input); ``None`` for the top part, whose loss is the
+        model's own."""
+        g: list[Array | None] = [None] * self.depth
         for k in range(self.depth - 2, -1, -1):
             cotangent = target if k == self.depth - 2 else g[k + 1]
             g[k] = self.modules[k + 1].gradient(layers[k + 1], inputs[k + 1], cotangent,
-                                                wrt="X").reshape(shape)
+                                                wrt="X").reshape(inputs[k + 1].shape)
         return g
 
-    def gradient(self, params: dict[str, torch.Tensor], X: torch.Tensor,
-                 target: torch.Tensor) -> torch.Tensor:
+    def gradient(self, params: dict[str, Array], X: Array, target: Array) -> Array:
         """The loss's gradient over every parameter in ``PARAMS`` order, ``(n,)``."""
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
-        parts = [module.gradient(values, x, cotangent) for module, values, x, cotangent in
-                 zip(self.modules, layers, inputs, [*g[:-1], target])]
-        return torch.cat(parts)
+        return self._cat([module.gradient(values, x, cotangent) for module, values, x, cotangent
+                          in zip(self.modules, layers, inputs, [*g[:-1], target])])
 
     def _chosen(self, wrt: str | list[str] | None) -> list[list[str]]:
         """Per part, the names of its parameters in ``wrt`` (default: all), in its order."""
@@ -113,11 +137,24 @@ class Chain:
         return [[n for n in part if f"{prefix}.{n}" in names]
                 for prefix, part in zip(self.prefixes, self.part_params)]
 
-    def loss_hessian(self, params: dict[str, torch.Tensor], X: torch.Tensor,
-                     target: torch.Tensor, wrt: str | list[str] | None = None) -> torch.Tensor:
+    def part_slices(self, params: dict[str, Array], wrt: str | list[str] | None = None
+                    ) -> dict[str, slice]:
+        """Where each part's block of rows lies in ``loss_hessian`` (and ``gradient``, ``hvp``)
+        over ``wrt``: part prefix → slice (the parts with no parameter in ``wrt`` left out)."""
+        slices, offset = {}, 0
+        for prefix, names in zip(self.prefixes, self._chosen(wrt)):
+            size = sum(int(np.prod(params[f"{prefix}.{n}"].shape)) for n in names)
+            if size:
+                slices[prefix] = slice(offset, offset + size)
+            offset += size
+        return slices
+
+    def loss_hessian(self, params: dict[str, Array], X: Array, target: Array,
+                     wrt: str | list[str] | None = None) -> Array:
         """The loss Hessian over ``wrt`` (names of ``PARAMS``; default: all), ``(n, n)``
-        with its blocks in ``PARAMS`` order (arranged by part), cross-part blocks
-        included. Only the parts from the lowest one in ``wrt`` up are visited."""
+        with its blocks in ``PARAMS`` order (arranged by part: :meth:`part_slices`),
+        cross-part blocks included. Only the parts from the lowest one in ``wrt`` up are
+        visited."""
         chosen = self._chosen(wrt)
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
@@ -125,38 +162,74 @@ class Chain:
         lowest = min(k for k, names in enumerate(chosen) if names)
         J_X = {k: self.modules[k].jacobian(layers[k], inputs[k], "X")
                for k in range(lowest, self.depth - 1)}
-        J_t = {k: torch.cat([self.modules[k].jacobian(layers[k], inputs[k], name)
-                             for name in names], dim=-1)
+        J_t = {k: self._cat_last([self.modules[k].jacobian(layers[k], inputs[k], name)
+                                  for name in names])
                for k, names in enumerate(chosen) if names}
         sizes = [J_t[k].shape[-1] if k in J_t else 0 for k in range(self.depth)]
         offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
-        H = torch.zeros(offsets[-1], offsets[-1], dtype=X.dtype, device=X.device)
+        H = self._zeros(offsets[-1], X)
         batch, M = X.shape[0], None  # M: ∂²ℓ_b/∂Z², per sample, at the output of part k
         for k in range(self.depth - 1, lowest - 1, -1):
             module, names = self.modules[k], chosen[k]
             args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
             H_XX = module.loss_hessian(*args, wrt="X") if k > lowest else None
             if M is not None and H_XX is not None:  # the curvature from above, carried
-                H_XX = H_XX + J_X[k].transpose(1, 2) @ (M @ J_X[k])
+                H_XX = H_XX + J_X[k].swapaxes(1, 2) @ (M @ J_X[k])
             if names:
                 H_Xt = module.loss_hessian_mixed(*args, wrt=names)
                 H_tt = module.loss_hessian(*args, wrt=names)
                 if M is not None:
                     MJ_t = M @ J_t[k]
-                    H_Xt = H_Xt + J_X[k].transpose(1, 2) @ MJ_t
-                    H_tt = H_tt + (J_t[k].transpose(1, 2) @ MJ_t).mean(0)
+                    H_Xt = H_Xt + J_X[k].swapaxes(1, 2) @ MJ_t
+                    H_tt = H_tt + (J_t[k].swapaxes(1, 2) @ MJ_t).mean(0)
                 rows = slice(offsets[k], offsets[k + 1])
                 H[rows, rows] = H_tt
                 carried = H_Xt  # ∂²ℓ_b/∂Z_a∂θ_k for the output Z_a of each part a below
                 for a in range(k - 1, lowest - 1, -1):
-                    if a in J_t:
-                        block = torch.einsum("bri,brj->ij", J_t[a], carried) / batch
+                    if a in J_t:  # mean over samples (and a sum over the output's entries)
+                        block = (J_t[a].reshape(-1, sizes[a]).T
+                                 @ carried.reshape(-1, sizes[k])) / batch
                         H[offsets[a]:offsets[a + 1], rows] = block
                         H[rows, offsets[a]:offsets[a + 1]] = block.T
                     if a > lowest:
-                        carried = J_X[a].transpose(1, 2) @ carried
+                        carried = J_X[a].swapaxes(1, 2) @ carried
             M = H_XX
         return H
+
+    def _cat_last(self, arrays: list[Array]) -> Array:
+        return (torch.cat(arrays, dim=-1) if self.backend == "torch"
+                else np.concatenate(arrays, axis=-1))
+
+    def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
+            wrt: str | list[str] | None = None) -> Array:
+        """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
+        ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``,
+        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part,
+        from the lowest part in ``wrt``."""
+        chosen = self._chosen(wrt)
+        layers = self._layers(params)
+        sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
+                 for k, names in enumerate(chosen)]
+        if tuple(v.shape) != (sum(sizes),):
+            raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
+                             f"parameters concatenated), got shape {tuple(v.shape)}")
+        offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
+        pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
+                  for k in range(self.depth)]
+        inputs = self._inputs(layers, X)
+        g = self._cotangents(layers, inputs, target)
+        lowest = min(k for k, names in enumerate(chosen) if names)
+        tangents = {lowest: None}  # dZ_{k-1}: the direction of part k's input, per sample
+        for k in range(lowest, self.depth - 1):
+            tangents[k + 1] = self.modules[k].jvp(layers[k], inputs[k], pieces[k],
+                                                  tangents[k], wrt=chosen[k] or None)
+        products, down = [None] * self.depth, None  # down: dg_k, the cotangent's tangent
+        for k in range(self.depth - 1, lowest - 1, -1):
+            in_params, in_input = self.modules[k].hvp_joint(
+                layers[k], inputs[k], target if k == self.depth - 1 else g[k], pieces[k],
+                tangents[k], wrt=chosen[k] or None, v_T=down)
+            products[k], down = in_params, in_input
+        return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
 
 
 class Stack(Chain):

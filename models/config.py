@@ -1,0 +1,93 @@
+"""Model configs: ``depth`` blocks of one kind between an optional input embedding and an
+optional final norm and output head, the loss on the last part's output. A model config is
+TOML data, validated in full (each part as a sublayer config) and never evaluated::
+
+    name = "digits_vit"
+    depth = 2
+    loss = "cross_entropy"
+    [embedding]          # optional: Z = X W_E + b_E + P_E (options of kind "embedding")
+    [block]              # the options of kind "block"
+    norm_position = "pre"
+    [norm]               # optional final norm (options of kind "layernorm")
+    affine = true
+    [head]               # optional: pooling and W_H, b_H (options of kind "head")
+    pooling = "mean"
+
+Parameters are named in the style of a ``state_dict``: ``embedding.W_E``, ``blocks.3.W_Q``,
+``norm.gamma``, ``head.W_H``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..derivations.config import Config, ConfigError, check_name, read_table, validate
+
+#: The optional and required sections, with the kind of sublayer each holds.
+SECTIONS = {"embedding": "embedding", "block": "block", "norm": "layernorm", "head": "head"}
+#: The deepest model a config may ask for.
+MAX_DEPTH = 256
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    depth: int
+    loss: str
+    block: Config
+    embedding: Config | None = None
+    norm: Config | None = None
+    head: Config | None = None
+
+    def parts(self) -> list[tuple[str, Config]]:
+        """The parts in order with their prefixes (``"embedding"``, ``"blocks.0"``, …,
+        ``"norm"``, ``"head"``); the last carries the model's loss."""
+        parts = [("embedding", self.embedding)] if self.embedding else []
+        parts += [(f"blocks.{k}", self.block) for k in range(self.depth)]
+        parts += [(prefix, part) for prefix, part in (("norm", self.norm), ("head", self.head))
+                  if part]
+        last_prefix, last = parts[-1]
+        return parts[:-1] + [(last_prefix, replace(last, loss=self.loss))]
+
+
+def validate_model(data: dict, source: str = "model config") -> ModelConfig:
+    """A :class:`ModelConfig` from a TOML table, or :class:`ConfigError` naming the entry."""
+    allowed = ("name", "depth", "loss", *SECTIONS)
+    unknown = [key for key in data if key not in allowed]
+    if unknown:
+        raise ConfigError(f"{source}: unknown key '{unknown[0]}'; allowed keys: "
+                          + ", ".join(allowed))
+    name = data.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"{source}: 'name' is required (a Python identifier), got "
+                          f"{name!r}")
+    check_name(name, source)
+    depth = data.get("depth")
+    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
+        raise ConfigError(f"{source}: 'depth' must be an int from 1 to {MAX_DEPTH} (the number "
+                          f"of blocks), got {depth!r}")
+    if "block" not in data:
+        raise ConfigError(f"{source}: a [block] table is required (the options of the blocks; "
+                          f"it may be empty)")
+    parts = {}
+    for section, kind in SECTIONS.items():
+        if section not in data:
+            continue
+        table = data[section]
+        where = f"{source} [{section}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table of options, got {table!r}")
+        for key in ("name", "kind", "loss"):
+            if key in table:
+                raise ConfigError(f"{where}: '{key}' is set by the model config, not by a "
+                                  f"section; remove it")
+        parts[section] = validate({**table, "name": f"{name}_{section}", "kind": kind}, where)
+    loss = data.get("loss", "mse")
+    validate({"name": name, "loss": loss}, source)  # a loss name, checked as for a sublayer
+    return ModelConfig(name, depth, loss, **parts)
+
+
+def load_model(path: str | Path) -> ModelConfig:
+    """Parse and validate one TOML model config file."""
+    return validate_model(read_table(path), str(path))

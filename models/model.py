@@ -1,0 +1,21 @@
+"""A model from its config (:mod:`.config`): the chain of its parts' generated modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .chain import Chain
+from .config import ModelConfig, load_model
+
+
+class Model(Chain):
+    """The parts of ``config`` (a :class:`ModelConfig` or the path of its TOML file) as a
+    :class:`Chain`: parameters named ``"embedding.W_E"``, ``"blocks.0.W_Q"``, …,
+    ``"norm.gamma"``, ``"head.W_H"``; the loss on the last part's output. One module per
+    distinct part is derived (cached), whatever the depth."""
+
+    def __init__(self, config: ModelConfig | str | Path, backend: str = "torch") -> None:
+        if not isinstance(config, ModelConfig):
+            config = load_model(config)
+        self.config = config
+        super().__init__(config.parts(), backend)
