@@ -10,7 +10,7 @@ import sympy as sp
 from ..derivations.graph import Guard  # a statement as it is: checked after its node
 
 __all__ = ["Accumulate", "Assign", "CausalBias", "Combine", "Contract", "Elementwise", "Free",
-           "Guard", "Part", "Pooling", "Rotary", "RowMax", "Zeros"]
+           "Guard", "Part", "RowWeights", "Rotary", "RowMax", "Zeros"]
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,9 @@ class Rotary:
 
 
 @dataclass(frozen=True)
-class Pooling:
-    """``result = (1 × length)``: pooling weights over the rows, ``1/length`` each for
-    ``kind = "mean"``, ``[1, 0, …, 0]`` for ``kind = "first"``."""
+class RowWeights:
+    """``result = (1 × length)``: weights over the rows, ``1/length`` each for
+    ``kind = "mean"``, ``[1, 0, …, 0]`` for ``"first"``, ``[0, 1, …, 1]`` for ``"rest"``."""
 
     result: str
     length: sp.Expr

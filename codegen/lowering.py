@@ -120,11 +120,11 @@ class _Lowerer:
             self.dims |= {length, half}
             self.function.statements.append(ir.Rotary(target.name, length, half, assign.base))
             return
-        if assign.reduction in ("pool_mean", "pool_first"):
+        if assign.reduction in ("rows_mean", "rows_first", "rows_rest"):
             length = target.indices[1].dim
             self.dims.add(length)
             self.function.statements.append(
-                ir.Pooling(target.name, length, assign.reduction.removeprefix("pool_")))
+                ir.RowWeights(target.name, length, assign.reduction.removeprefix("rows_")))
             return
         if assign.reduction == "max":
             source = self.use(assign.expr.terms[0].factors[0].name)

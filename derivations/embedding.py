@@ -43,11 +43,12 @@ def embed(g: Graph, X: Tensor, config: Config, out_name: str = "Z") -> Embedding
         params.append(b)
         linear = linear + b[j]
     value = linear
-    if config.class_token:
-        first = g.pooling("first_row", L, "first")  # δ_{i0}, as a 1 × L table
+    if config.class_token:  # the first row is the token, the others their embedding
+        first = g.row_weights("first_row", L, "first")
+        rest = g.row_weights("other_rows", L, "rest")
         token = g.input("c_E", (d,), role="param", batched=False)
         params.append(token)
-        value = linear - first[o, i] * linear + first[o, i] * token[j]
+        value = rest[o, i] * linear + first[o, i] * token[j]
     if config.positional:
         P = g.input("P_E", (L, d), role="param", batched=False)
         params.append(P)

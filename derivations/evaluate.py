@@ -87,6 +87,11 @@ def _step(u, *_):
 
 
 #: numeric values of the functions numpy lacks
+#: The row-weight constants of :meth:`Graph.row_weights`, by reduction, for ``n`` rows.
+ROW_WEIGHTS = {"rows_mean": lambda n: np.full(n, 1 / n),
+               "rows_first": lambda n: (np.arange(n) == 0).astype(float),
+               "rows_rest": lambda n: (np.arange(n) != 0).astype(float)}
+
 _NUMERIC = {"Heaviside": _step, "sigmoid": lambda u: 1 / (1 + np.exp(-u)),
             "softplus": lambda u: np.logaddexp(0, u), "sech": lambda u: 1 / np.cosh(u)}
 
@@ -115,11 +120,9 @@ def evaluate(graph: Graph, assigns: list[Assign], values: dict[str, np.ndarray],
             cos, sin = np.cos(angle), np.sin(angle)
             values[name] = np.stack([np.stack([cos, -sin], 1), np.stack([sin, cos], 1)], 1)
             continue
-        if assign.reduction in ("pool_mean", "pool_first"):
+        if assign.reduction in ROW_WEIGHTS:
             n = dims[assign.target.indices[1].dim]
-            first = np.arange(n) == 0
-            values[name] = (np.full((1, n), 1 / n) if assign.reduction == "pool_mean"
-                            else first[None].astype(float))
+            values[name] = ROW_WEIGHTS[assign.reduction](n)[None]
             continue
         if assign.reduction == "max":
             if name not in values:

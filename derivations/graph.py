@@ -85,7 +85,7 @@ class Assign:
 
     @property
     def differentiable(self) -> bool:
-        """False for constants (a row maximum, a causal mask, a rotary table, pooling
+        """False for constants (a row maximum, a causal mask, a rotary table, row
         weights) and for the intermediates of a primitive: no derivative is taken of them."""
         return self.reduction is None and not self.internal
 
@@ -180,13 +180,13 @@ class Graph:
         self._append(tensor, Expr([], indices), reduction="rotary", base=base)
         return tensor
 
-    def pooling(self, name: str, length: sp.Symbol, kind: str) -> Tensor:
-        """A constant ``name[o, i]`` (``1 × length``): the weights of a pooling over the
-        ``length`` rows, ``1/length`` each for ``kind = "mean"``, ``δ_{i0}`` (the first row)
-        for ``kind = "first"``."""
+    def row_weights(self, name: str, length: sp.Symbol, kind: str) -> Tensor:
+        """A constant ``name[o, i]`` (``1 × length``) of weights over ``length`` rows:
+        ``1/length`` each for ``kind = "mean"``, ``δ_{i0}`` for ``"first"`` (the first row
+        alone), ``1 - δ_{i0}`` for ``"rest"`` (every row but the first)."""
         indices = (self.index(sizes.n_1, "o"), self.index(length, "i"))
         tensor = self.declare(name, indices, False, role="constant")
-        self._append(tensor, Expr([], indices), reduction=f"pool_{kind}")
+        self._append(tensor, Expr([], indices), reduction=f"rows_{kind}")
         return tensor
 
     def output(self, name: str, expr: Expr, mean_over_batch: bool = False) -> Tensor:

@@ -38,7 +38,7 @@ def head(g: Graph, X: Tensor, config: Config, out_name: str = "Z") -> Head:
     if config.pooling == "none":
         rows, value = i, X[i, j] * W[j, k]
     else:
-        weights = g.pooling(f"pool_{config.pooling}", L, config.pooling)
+        weights = g.row_weights(f"pool_{config.pooling}", L, config.pooling)
         rows = g.index(sizes.n_1, "o")
         pooled = g.node("U", (rows, j), weights[rows, i] * X[i, j])
         value = pooled[rows, j] * W[j, k]

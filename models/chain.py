@@ -102,6 +102,10 @@ class Chain:
     def _cat(self, arrays: list[Array]) -> Array:
         return torch.cat(arrays) if self.backend == "torch" else np.concatenate(arrays)
 
+    def _cat_last(self, arrays: list[Array]) -> Array:
+        return (torch.cat(arrays, dim=-1) if self.backend == "torch"
+                else np.concatenate(arrays, axis=-1))
+
     def _zeros(self, n: int, like: Array) -> Array:
         if self.backend == "torch":
             return torch.zeros(n, n, dtype=like.dtype, device=like.device)
@@ -150,11 +154,20 @@ class Chain:
         return slices
 
     def loss_hessian(self, params: dict[str, Array], X: Array, target: Array,
-                     wrt: str | list[str] | None = None) -> Array:
+                     wrt: str | list[str] | None = None, part: str = "full") -> Array:
         """The loss Hessian over ``wrt`` (names of ``PARAMS``; default: all), ``(n, n)``
         with its blocks in ``PARAMS`` order (arranged by part: :meth:`part_slices`),
-        cross-part blocks included. Only the parts from the lowest one in ``wrt`` up are
+        cross-part blocks included. ``part`` is ``"full"``, ``"gauss_newton"``
+        (``J^T ∂²ℓ/∂Z_N² J`` with ``J`` the whole model's Jacobian: only the top part's own
+        Gauss–Newton term, carried down; the inner parts' linear losses have none) or
+        ``"functional"`` (the rest). Only the parts from the lowest one in ``wrt`` up are
         visited."""
+        if part not in ("full", "gauss_newton", "functional"):
+            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
+                             f"{part!r}")
+        if part == "functional":
+            return (self.loss_hessian(params, X, target, wrt)
+                    - self.loss_hessian(params, X, target, wrt, "gauss_newton"))
         chosen = self._chosen(wrt)
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
@@ -172,12 +185,12 @@ class Chain:
         for k in range(self.depth - 1, lowest - 1, -1):
             module, names = self.modules[k], chosen[k]
             args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
-            H_XX = module.loss_hessian(*args, wrt="X") if k > lowest else None
+            H_XX = module.loss_hessian(*args, wrt="X", part=part) if k > lowest else None
             if M is not None and H_XX is not None:  # the curvature from above, carried
                 H_XX = H_XX + J_X[k].swapaxes(1, 2) @ (M @ J_X[k])
             if names:
-                H_Xt = module.loss_hessian_mixed(*args, wrt=names)
-                H_tt = module.loss_hessian(*args, wrt=names)
+                H_Xt = module.loss_hessian_mixed(*args, wrt=names, part=part)
+                H_tt = module.loss_hessian(*args, wrt=names, part=part)
                 if M is not None:
                     MJ_t = M @ J_t[k]
                     H_Xt = H_Xt + J_X[k].swapaxes(1, 2) @ MJ_t
@@ -195,10 +208,6 @@ class Chain:
                         carried = J_X[a].swapaxes(1, 2) @ carried
             M = H_XX
         return H
-
-    def _cat_last(self, arrays: list[Array]) -> Array:
-        return (torch.cat(arrays, dim=-1) if self.backend == "torch"
-                else np.concatenate(arrays, axis=-1))
 
     def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
             wrt: str | list[str] | None = None) -> Array:

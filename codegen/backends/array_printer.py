@@ -183,8 +183,8 @@ class ArrayPrinter(PythonCodePrinter):
         return (f"{node.result} = _rotary(ns, {self._print(node.length)}, "
                 f"{self._print(node.half)}, {node.base!r})")
 
-    def _print_Pooling(self, node: ir.Pooling) -> str:
-        return f"{node.result} = _pooling(ns, {self._print(node.length)}, {node.kind!r})"
+    def _print_RowWeights(self, node: ir.RowWeights) -> str:
+        return f"{node.result} = _row_weights(ns, {self._print(node.length)}, {node.kind!r})"
 
     def _print_Guard(self, node: ir.Guard) -> str:
         return (f"_guard(ns, {node.tensor}, {node.scale}, {node.argument!r}, "

@@ -150,12 +150,12 @@ class Builder:
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "the rotary rotations (a constant; $n_2 = 2$ halves of a head)",
                            note)
-        if assign.reduction in ("pool_mean", "pool_first"):
+        if assign.reduction in ("rows_mean", "rows_first", "rows_rest"):
             o, i = (printer.index_name(k) for k in target.indices)
-            lines = [r"\frac{1}{L}" if assign.reduction == "pool_mean"
-                     else rf"\delta_{{{i} 0}}"]
+            lines = [{"rows_mean": r"\frac{1}{L}", "rows_first": rf"\delta_{{{i} 0}}",
+                      "rows_rest": rf"1 - \delta_{{{i} 0}}"}[assign.reduction]]
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
-                           "the pooling weights (a constant; $n_1 = 1$ row)", note)
+                           "weights over the rows (a constant; $n_1 = 1$)", note)
         layout = self.matrix(assign)
         matrix = None
         if layout is not None:

@@ -1,0 +1,141 @@
+"""Models from a model config (``curvgap.models.Model``): embedding with a class token, three
+blocks, a final norm and a first-token head with cross-entropy — the loss, gradient, full
+loss Hessian (cross-layer blocks included), its Gauss–Newton and functional parts and the
+matrix-free HVP, on both backends, against reverse-over-reverse autograd on the plain-PyTorch
+reference of the same model (float64); and the config's validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from curvgap.codegen.verify import random_case, reference_loss, reference_output
+from curvgap.derivations.config import ConfigError
+from curvgap.models import Model, validate_model
+
+B = 2
+DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}  # every size differs
+TABLE = {"name": "tiny_vit", "depth": 3, "loss": "cross_entropy",
+         "embedding": {"class_token": True},
+         "block": {"norm_position": "pre", "heads": 2, "out_proj": True, "affine": True,
+                   "eps": 1e-5, "attention_bias": True, "activation": "gelu",
+                   "ffn_bias": True},
+         "norm": {"affine": True, "eps": 1e-5},
+         "head": {"pooling": "first"}}
+
+
+@pytest.fixture(scope="module")
+def case():
+    model = Model(validate_model(TABLE))
+    params = {}
+    for k, ((prefix, _), module) in enumerate(zip(model.config.parts(), model.modules)):
+        values, _, _ = random_case(module, DIMS, B, seed=k)  # gamma near 1
+        params.update({f"{prefix}.{name}": 0.7 * v + (0.3 if v.ndim == 1 else 0.0)
+                       for name, v in values.items()})
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(B, DIMS["L"], DIMS["p"], generator=gen, dtype=torch.float64)
+    T = torch.randint(0, DIMS["c"], (B, 1), generator=gen)
+    return model, params, X, T
+
+
+def logits(model, params, flat, X):
+    """The model's output per sample, in plain PyTorch, as a function of all its
+    parameters concatenated."""
+    sizes = [params[name].numel() for name in model.PARAMS]
+    values = {name: part.reshape(params[name].shape) for name, part in
+              zip(model.PARAMS, torch.split(flat, sizes))}
+    outputs = []
+    for x in X:
+        for (prefix, config), names in zip(model.config.parts(), model.part_params):
+            x = reference_output(config, {n: values[f"{prefix}.{n}"] for n in names}, x)
+        outputs.append(x)
+    return torch.stack(outputs)
+
+
+@pytest.fixture(scope="module")
+def expected(case):
+    """The loss, gradient, Hessian and Gauss–Newton matrix by autograd."""
+    model, params, X, T = case
+    top = model.config.parts()[-1][1]
+    flat = torch.cat([params[name].reshape(-1) for name in model.PARAMS])
+
+    def loss(vector):
+        Z = logits(model, params, vector, X)
+        return sum(reference_loss(top, z, t) for z, t in zip(Z, T)) / B
+
+    H = torch.autograd.functional.hessian(loss, flat, vectorize=True)
+    J = torch.autograd.functional.jacobian(lambda v: logits(model, params, v, X), flat,
+                                           vectorize=True).reshape(B, -1, flat.numel())
+    Z = logits(model, params, flat, X)
+    curvature = torch.stack([torch.autograd.functional.hessian(
+        lambda z, t=t: reference_loss(top, z, t), z).reshape(J.shape[1], J.shape[1])
+        for z, t in zip(Z, T)])
+    gauss_newton = torch.einsum("bri,brs,bsj->ij", J, curvature, J) / B
+    return flat, loss(flat), torch.autograd.functional.jacobian(loss, flat), H, gauss_newton
+
+
+def relative(value, reference) -> float:
+    value = torch.as_tensor(value)
+    return float((value - reference).abs().max() / reference.abs().max())
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_every_function_equals_autograd(case, expected, backend):
+    model, params, X, T = case
+    flat, loss, gradient, H, gauss_newton = expected
+    if backend == "numpy":
+        model = Model(model.config, backend="numpy")
+        params, X, T = {k: v.numpy() for k, v in params.items()}, X.numpy(), T.numpy()
+    assert relative(model.loss(params, X, T), loss) <= 1e-12
+    assert relative(model.gradient(params, X, T), gradient) <= 1e-12
+    assert relative(model.loss_hessian(params, X, T), H) <= 1e-10
+    assert relative(model.loss_hessian(params, X, T, part="gauss_newton"), gauss_newton) <= 1e-10
+    assert relative(model.loss_hessian(params, X, T, part="functional"), H - gauss_newton,
+                    ) <= 1e-10 * float(H.abs().max() / (H - gauss_newton).abs().max())
+    v = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(2),
+                    dtype=torch.float64)
+    direction = v if backend == "torch" else v.numpy()
+    assert relative(model.hvp(params, X, T, direction), H @ v) <= 1e-10
+
+
+def test_cross_layer_subsets_and_layer_slices(case, expected):
+    model, params, X, T = case
+    flat, _, _, H, _ = expected
+    wrt = ["embedding.c_E", "blocks.0.W_V", "blocks.2.W_1", "head.W_H"]
+    starts = {name: sum(params[n].numel() for n in model.PARAMS[:model.PARAMS.index(name)])
+              for name in wrt}
+    index = torch.cat([torch.arange(starts[n], starts[n] + params[n].numel()) for n in wrt])
+    block = H[index][:, index]
+    assert relative(model.loss_hessian(params, X, T, wrt=wrt), block) <= 1e-10
+    v = torch.randn(index.numel(), generator=torch.Generator().manual_seed(3),
+                    dtype=torch.float64)
+    assert relative(model.hvp(params, X, T, v, wrt=wrt), block @ v) <= 1e-10
+    slices = model.part_slices(params)
+    assert list(slices) == ["embedding", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]
+    assert slices["head"].stop == flat.numel()
+    assert list(model.part_slices(params, wrt)) == ["embedding", "blocks.0", "blocks.2", "head"]
+
+
+def test_the_class_token_placeholder_row_is_not_read(case):
+    model, params, X, T = case
+    moved = X.clone()
+    moved[:, 0] = 1e3
+    assert torch.equal(model.forward(params, moved), model.forward(params, X))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"depth": 0}, r"'depth' must be an int from 1 to 256 \(the number of blocks\), got 0"),
+    ({"depth": True}, r"'depth' must be an int from 1 to 256"),
+    ({"block": None}, r"\[block\]: expected a table of options, got None"),
+    ({"head": {"pooling": "max"}}, r"\[head\]: 'pooling' must be one of none, mean, first; "
+                                   r"got 'max'"),
+    ({"head": {"loss": "mse"}}, r"\[head\]: 'loss' is set by the model config"),
+    ({"norm": {"heads": 2}}, r"\[norm\]: 'heads' applies to kind block or self_attention"),
+    ({"loss": "hinge"}, r"'loss' must be one of"),
+    ({"name": "../x"}, r"'name' must be a Python identifier"),
+    ({"blocks": {}}, r"unknown key 'blocks'; allowed keys: name, depth, loss, embedding, "
+                     r"block, norm, head"),
+])
+def test_bad_model_configs_are_refused(change, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_model({**TABLE, **change})
