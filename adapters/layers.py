@@ -10,7 +10,7 @@ it also says where each entry of the module's parameters lives in the layer's
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,12 +27,33 @@ class UnsupportedLayer(ValueError):
 class Recognised:
     """A layer as curvgap sees it: its config, its parameter names in the layer's order,
     and the map of their values to the module's parameters. ``batch_first`` says whether
-    the layer itself takes ``(B, L, d)`` (curvgap always does)."""
+    the layer itself takes ``(B, L, d)`` (curvgap always does); ``positions`` names the
+    module's parameters that are tables over positions (a learned positional embedding
+    longer than the input), whose first axis is cut to the input's length ``L``."""
 
     config: Config
     names: tuple[str, ...]
     ours: Callable[[Values], Values]
     batch_first: bool
+    positions: tuple[str, ...] = ()
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+@dataclass(frozen=True)
+class RecognisedModel:
+    """A model as a chain of recognised parts, in order: each part's prefix (its attribute
+    path in the model; ``""`` for parameters the model holds itself, such as a class token)
+    and its :class:`Recognised` form, with names relative to that prefix. ``inputs``,
+    ``targets`` and ``outputs`` relate the model's own input, target and output to the
+    chain's (reshapes only: images to patches, labels to one row)."""
+
+    parts: tuple[tuple[str, Recognised], ...]
+    inputs: Callable[[torch.Tensor], torch.Tensor] = field(default=_same)
+    targets: Callable[[torch.Tensor], torch.Tensor] = field(default=_same)
+    outputs: Callable[[torch.Tensor], torch.Tensor] = field(default=_same)
 
 
 def flat_index(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -1,65 +1,175 @@
-"""``curvgap.curvature(model)`` for a ``torch.nn.TransformerEncoder`` of recognised layers
-(and its final norm, if any): the chain's exact derivatives (:class:`~curvgap.models.Chain`)
-in the model's own parameter order and layout, rows and columns following
-``torch.cat([p.reshape(-1) for p in model.parameters()])``."""
+"""``curvgap.curvature(model)`` for a whole model (``torch.nn.TransformerEncoder``, GPT-2's
+``GPT2Model``, timm's ``VisionTransformer``): the exact derivatives of the chain of its
+recognised parts (:class:`~curvgap.models.Chain`) in the model's own parameter order and
+layout.
+
+Rows and columns of Hessians and entries of gradients and HVPs follow
+``torch.cat([p.reshape(-1) for p in model.parameters()])`` (or, with ``wrt``, the model's
+named parameters listed, in the model's order). Entries the loss does not depend on are
+exactly zero: GPT-2's token embedding ``wte`` when the model is given ``inputs_embeds``, and
+the rows of a positional table past the input's length.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ..models import Chain
-from .layers import UnsupportedLayer, flat_index
-from .recognise import recognise
+from .layers import RecognisedModel, UnsupportedLayer, flat_index
 
 
 class ModelCurvature:
-    """Exact derivatives of ``model``'s loss (the config's, on its output). ``X`` is
-    ``(B, L, d)``; weights are read at every call."""
+    """Exact derivatives of ``model``'s loss (the config's, on its output). ``X`` is what
+    the model takes (``(B, L, d)``; images ``(B, C, H, W)`` for a ViT); weights are read at
+    every call."""
 
-    def __init__(self, model: torch.nn.TransformerEncoder, loss: str = "mse") -> None:
-        self.model = model
-        # the parts by their attribute paths: the layers, then the final norm if any
-        self.parts = {f"layers.{k}": layer for k, layer in enumerate(model.layers)}
-        if model.norm is not None:
-            self.parts["norm"] = model.norm
-        self.recognised = {prefix: recognise(part, loss) for prefix, part in self.parts.items()}
-        first = self.recognised["layers.0"].config
-        for prefix, recognised in self.recognised.items():
-            if prefix.startswith("layers.") and recognised.config != first:
+    def __init__(self, model: torch.nn.Module, recognised: RecognisedModel) -> None:
+        self.model, self.recognised = model, recognised
+        blocks = [(prefix, part) for prefix, part in recognised.parts
+                  if prefix.split(".")[-1].isdigit()]
+        for prefix, part in blocks[1:]:
+            if part.config != blocks[0][1].config:
                 raise UnsupportedLayer(f"model.{prefix}: expected the configuration of "
-                                       f"model.layers.0, got another")
-        self.chain = Chain([(prefix, r.config) for prefix, r in self.recognised.items()])
-        index = flat_index(model)
-        positions = []  # where each entry of the chain's parameters lives in the model's
-        for (prefix, recognised), names_of_part in zip(self.recognised.items(),
-                                                       self.chain.part_params):
-            mapped = recognised.ours({n: index[f"{prefix}.{n}"] for n in recognised.names})
-            positions += [mapped[name].reshape(-1) for name in names_of_part]
-        self._back = torch.argsort(torch.cat(positions))
+                                       f"model.{blocks[0][0]}, got another")
+        self.chain = Chain([(prefix or "embedding", part.config)
+                            for prefix, part in recognised.parts])
+        self.names = [name for name, _ in model.named_parameters()]
+        self._index = flat_index(model)
+        self._layouts: dict[int, tuple[torch.Tensor, dict[str, slice]]] = {}
 
-    def params(self) -> dict[str, torch.Tensor]:
-        """The chain's parameters, read from the model now."""
+    @staticmethod
+    def _full(prefix: str, name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    def _ours(self, values: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+        """The chain's parameters from the model's ``values`` (by name), position tables cut
+        to ``length`` rows."""
         out = {}
-        for prefix, part in self.parts.items():
-            values = {n: p.detach() for n, p in part.named_parameters()}
-            mapped = self.recognised[prefix].ours(values)
-            out.update({f"{prefix}.{n}": v.contiguous() for n, v in mapped.items()})
+        for (prefix, part), names in zip(self.recognised.parts, self.chain.part_params):
+            mapped = part.ours({n: values[self._full(prefix, n)] for n in part.names})
+            for name in names:
+                value = mapped[name]
+                if name in part.positions:
+                    if value.shape[0] < length:
+                        raise ValueError(f"X: expected at most {value.shape[0]} positions (the "
+                                         f"rows of the model's positional table), got "
+                                         f"{length}")
+                    value = value[:length]
+                out[f"{prefix or 'embedding'}.{name}"] = value
         return out
 
+    def _layout(self, length: int) -> tuple[torch.Tensor, dict[str, slice]]:
+        """Where each entry of the chain's parameters lives in the model's flat vector (their
+        concatenation in ``PARAMS`` order), and each parameter's span of that
+        concatenation."""
+        if length not in self._layouts:
+            index = self._ours(self._index, length)
+            spans, offset = {}, 0
+            for name in self.chain.PARAMS:
+                spans[name] = slice(offset, offset + index[name].numel())
+                offset += index[name].numel()
+            positions = torch.cat([index[n].reshape(-1) for n in self.chain.PARAMS])
+            self._layouts[length] = positions, spans
+        return self._layouts[length]
+
+    def params(self, length: int) -> dict[str, torch.Tensor]:
+        """The chain's parameters, read from the model now, for inputs of ``length`` rows."""
+        values = {n: p.detach() for n, p in self.model.named_parameters()}
+        return {n: v.contiguous() for n, v in self._ours(values, length).items()}
+
+    def _selection(self, wrt: str | list[str] | None, length: int
+                   ) -> tuple[list[str], list[slice], torch.Tensor, int]:
+        """For the model's parameters ``wrt``: the chain's parameters that hold them, their
+        spans in the chain's concatenation, where each of their entries goes among the
+        ``wrt`` parameters' entries in the model's order (``-1``: not in ``wrt``), and how
+        many entries ``wrt`` has."""
+        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+        unknown = [n for n in names if n not in self.names]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"wrt: expected distinct names of the model's parameters (such "
+                             f"as {self.names[0]!r}), got {names}")
+        rank = torch.full((sum(p.numel() for p in self.model.parameters()),), -1)
+        count = 0
+        for name in self.names:  # the model's order
+            if name in names:
+                entries = self._index[name].reshape(-1)
+                rank[entries] = torch.arange(count, count + entries.numel())
+                count += entries.numel()
+        positions, spans = self._layout(length)
+        ours = [n for n in self.chain.PARAMS if bool((rank[positions[spans[n]]] >= 0).any())]
+        if not ours:
+            raise ValueError(f"wrt: the loss does not depend on {names} (with this input), "
+                             f"so every derivative in it is zero")
+        kept = [spans[n] for n in ours]
+        return ours, kept, torch.cat([rank[positions[span]] for span in kept]), count
+
+    def _prepared(self, X: torch.Tensor, T: torch.Tensor | None = None) -> tuple:
+        X = self.recognised.inputs(X)
+        return (X, None if T is None else self.recognised.targets(T), X.shape[-2])
+
+    # -- the contract ---------------------------------------------------------------------
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        """The model's output ``(B, L, d)``."""
-        return self.chain.forward(self.params(), X)
+        """The model's output (``(B, L, d)``; logits ``(B, c)`` for a classifier)."""
+        X, _, length = self._prepared(X)
+        return self.recognised.outputs(self.chain.forward(self.params(length), X))
 
     def loss(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """The loss averaged over the batch (a scalar)."""
-        return self.chain.loss(self.params(), X, T)
+        X, T, length = self._prepared(X, T)
+        return self.chain.loss(self.params(length), X, T)
 
-    def gradient(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """The loss's gradient over every parameter, ``(n,)`` in the model's order."""
-        return self.chain.gradient(self.params(), X, T)[self._back]
+    def gradient(self, X: torch.Tensor, T: torch.Tensor,
+                 wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The loss's gradient over ``wrt`` (default: every parameter), ``(n,)`` in the
+        model's order."""
+        X, T, length = self._prepared(X, T)
+        _, spans, where, n = self._selection(wrt, length)
+        full = self.chain.gradient(self.params(length), X, T)
+        return self._placed(torch.cat([full[span] for span in spans]), where, n)
 
-    def loss_hessian(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """The loss Hessian over every parameter, ``(n, n)`` in the model's order (the
-        cross-layer blocks included)."""
-        H = self.chain.loss_hessian(self.params(), X, T)
-        return H[self._back][:, self._back]
+    def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
+                     part: str = "full") -> torch.Tensor:
+        """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
+        model's order, cross-layer blocks included; ``part`` ``"full"``,
+        ``"gauss_newton"`` or ``"functional"``."""
+        X, T, length = self._prepared(X, T)
+        ours, _, where, n = self._selection(wrt, length)
+        H = self.chain.loss_hessian(self.params(length), X, T, wrt=ours, part=part)
+        out = H.new_zeros(n, n)
+        keep = where >= 0
+        rows = where[keep]
+        out[rows[:, None], rows[None, :]] = H[keep][:, keep]
+        return out
+
+    def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+            wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The loss Hessian over ``wrt`` times ``v`` (both in the model's order), ``(n,)``,
+        without forming the Hessian."""
+        X, T, length = self._prepared(X, T)
+        ours, _, where, n = self._selection(wrt, length)
+        if tuple(v.shape) != (n,):
+            raise ValueError(f"v: expected shape ({n},) (the entries of "
+                             f"{wrt or 'every parameter'}), got shape {tuple(v.shape)}")
+        keep = where >= 0
+        v_ours = torch.zeros(where.numel(), dtype=v.dtype, device=v.device)
+        v_ours[keep] = v[where[keep]]
+        out = self.chain.hvp(self.params(length), X, T, v_ours, wrt=ours)
+        return self._placed(out, where, n)
+
+    def layer_slices(self, wrt: str | list[str] | None = None) -> dict[str, slice]:
+        """Where each of the model's parameters (``wrt``, default all) lies in the rows of
+        ``loss_hessian`` and ``gradient``: name → slice."""
+        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+        slices, offset = {}, 0
+        for name, parameter in self.model.named_parameters():
+            if name in names:
+                slices[name] = slice(offset, offset + parameter.numel())
+                offset += parameter.numel()
+        return slices
+
+    @staticmethod
+    def _placed(values: torch.Tensor, where: torch.Tensor, n: int) -> torch.Tensor:
+        out = values.new_zeros(n)
+        keep = where >= 0
+        out[where[keep]] = values[keep]
+        return out

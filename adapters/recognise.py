@@ -7,14 +7,28 @@ from collections.abc import Callable
 
 import torch
 
-from .layers import Recognised, UnsupportedLayer
-from .timm_layers import RECOGNISERS as TIMM
-from .torch_layers import RECOGNISERS as TORCH
-from .transformers_layers import RECOGNISERS as TRANSFORMERS
+from . import timm_layers, torch_layers, transformers_layers
+from .layers import Recognised, RecognisedModel, UnsupportedLayer
 
+_LIBRARIES = (torch_layers, transformers_layers, timm_layers)
 #: The recognisers by ``(module, class name)`` of the layer class they read.
 RECOGNISERS: dict[tuple[str, str], Callable[[torch.nn.Module, str], Recognised]] = {
-    **TORCH, **TRANSFORMERS, **TIMM}
+    key: found for library in _LIBRARIES for key, found in library.RECOGNISERS.items()}
+#: The model recognisers, likewise.
+MODEL_RECOGNISERS: dict[tuple[str, str], Callable[[torch.nn.Module, str], RecognisedModel]] = {
+    key: found for library in _LIBRARIES for key, found in library.MODEL_RECOGNISERS.items()}
+
+
+def is_model(layer: torch.nn.Module) -> bool:
+    """Whether ``layer``'s exact class is a model curvgap recognises (not a single layer)."""
+    cls = type(layer)
+    return (cls.__module__, cls.__name__) in MODEL_RECOGNISERS
+
+
+def recognise_model(model: torch.nn.Module, loss: str) -> RecognisedModel:
+    """The :class:`RecognisedModel` form of ``model`` (see :func:`is_model`)."""
+    cls = type(model)
+    return MODEL_RECOGNISERS[cls.__module__, cls.__name__](model, loss)
 
 
 def recognise(layer: torch.nn.Module, loss: str) -> Recognised:
@@ -23,7 +37,8 @@ def recognise(layer: torch.nn.Module, loss: str) -> Recognised:
     cls = type(layer)  # the class itself: a subclass may compute something else
     found = RECOGNISERS.get((cls.__module__, cls.__name__))
     if found is None:
-        names = ", ".join(f"{module.split('.')[0]} {name}" for module, name in RECOGNISERS)
+        names = ", ".join(f"{module.split('.')[0]} {name}"
+                          for module, name in [*RECOGNISERS, *MODEL_RECOGNISERS])
         raise UnsupportedLayer(f"layer: expected a layer curvgap recognises ({names}), got "
                                f"{cls.__module__}.{cls.__name__}")
     return found(layer, loss)

@@ -1,12 +1,21 @@
 """PyTorch's own layers curvgap recognises: ``torch.nn.TransformerEncoderLayer`` and
-``torch.nn.LayerNorm`` (see :mod:`.layers` for what a recogniser returns)."""
+``torch.nn.LayerNorm``, and the model ``torch.nn.TransformerEncoder`` (see :mod:`.layers`
+for what a recogniser returns)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..derivations.config import validate
-from .layers import Recognised, UnsupportedLayer, Values, activation_name, refuse_dropout, same_eps
+from .layers import (
+    Recognised,
+    RecognisedModel,
+    UnsupportedLayer,
+    Values,
+    activation_name,
+    refuse_dropout,
+    same_eps,
+)
 
 
 def encoder_layer(layer: torch.nn.TransformerEncoderLayer, loss: str) -> Recognised:
@@ -70,5 +79,19 @@ def layer_norm(layer: torch.nn.LayerNorm, loss: str) -> Recognised:
                       batch_first=True)
 
 
+def transformer_encoder(model: torch.nn.TransformerEncoder, loss: str) -> RecognisedModel:
+    """``torch.nn.TransformerEncoder``: its ``layers`` (encoder layers of one configuration)
+    and its final ``norm``, if any."""
+    parts = [(f"layers.{k}", encoder_layer(layer, loss)) for k, layer in enumerate(model.layers)]
+    if model.norm is not None:
+        if type(model.norm) is not torch.nn.LayerNorm:
+            raise UnsupportedLayer(f"model.norm: expected a LayerNorm, got "
+                                   f"{type(model.norm).__name__}")
+        parts.append(("norm", layer_norm(model.norm, loss)))
+    return RecognisedModel(tuple(parts))
+
+
 RECOGNISERS = {("torch.nn.modules.transformer", "TransformerEncoderLayer"): encoder_layer,
                ("torch.nn.modules.normalization", "LayerNorm"): layer_norm}
+MODEL_RECOGNISERS = {("torch.nn.modules.transformer", "TransformerEncoder"):
+                     transformer_encoder}

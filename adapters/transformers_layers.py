@@ -1,5 +1,6 @@
 """Hugging Face transformers layers curvgap recognises: ``GPT2Block`` and
-``LlamaDecoderLayer`` (see :mod:`.layers` for what a recogniser returns).
+``LlamaDecoderLayer``, and the model ``GPT2Model`` (see :mod:`.layers` for what a recogniser
+returns).
 
 Both are taken causal, as their models run them (``GPT2Model`` and ``LlamaModel`` pass a
 causal mask; the layer alone has none under the eager attention).
@@ -12,6 +13,7 @@ import torch
 from ..derivations.config import validate
 from .layers import (
     Recognised,
+    RecognisedModel,
     UnsupportedLayer,
     Values,
     activation_name,
@@ -107,6 +109,26 @@ def llama_decoder_layer(layer: torch.nn.Module, loss: str) -> Recognised:
     return Recognised(recognised, _names(layer), ours, batch_first=True)
 
 
+def gpt2_model(model: torch.nn.Module, loss: str) -> RecognisedModel:
+    """``GPT2Model`` given ``inputs_embeds`` ``(B, L, d)``: the learned positions ``wpe``
+    added (``Z = X + wpe[:L]``), the blocks ``h`` (causal), the final ``ln_f``; its output is
+    ``last_hidden_state``. The token embedding ``wte`` is not used on ``inputs_embeds``."""
+    from .torch_layers import layer_norm
+
+    refuse_dropout(model, {"model.drop": model.drop.p})
+    embedding = validate({"name": "gpt2_positions", "kind": "embedding", "projection": False,
+                          "embedding_bias": False, "loss": loss}, "model")
+
+    def positions(v: Values) -> Values:
+        return {"P_E": v["wpe.weight"]}
+
+    parts = [("", Recognised(embedding, ("wpe.weight",), positions, batch_first=True,
+                             positions=("P_E",)))]
+    parts += [(f"h.{k}", gpt2_block(block, loss)) for k, block in enumerate(model.h)]
+    parts.append(("ln_f", layer_norm(model.ln_f, loss)))
+    return RecognisedModel(tuple(parts))
+
+
 def _rope(config: object) -> dict:
     """The RoPE settings of a transformers config (``rope_parameters``, or the older
     ``rope_theta`` and ``rope_scaling``)."""
@@ -125,3 +147,4 @@ def _names(layer: torch.nn.Module) -> tuple[str, ...]:
 RECOGNISERS = {("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): gpt2_block,
                ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"):
                llama_decoder_layer}
+MODEL_RECOGNISERS = {("transformers.models.gpt2.modeling_gpt2", "GPT2Model"): gpt2_model}

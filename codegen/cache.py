@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..derivations.config import Config
+from .backends import MODULE_BACKENDS
 from .backends import backend as backend_named
 from .generate import recorded_state, relative_path, render_all, write
 
@@ -32,7 +33,8 @@ def module_for(config: Config, backend: str = "torch") -> ModuleType:
     folder, chosen = _cache(), backend_named(backend)
     path = folder / relative_path(config, chosen)
     if recorded_state(path, config, chosen) != "current":
-        write(render_all([config], report=lambda line: None), folder, force=True)
+        write(render_all([config], report=lambda line: None, backends=MODULE_BACKENDS), folder,
+              force=True)
     spec = importlib.util.spec_from_file_location(f"_curvgap_{config.name}_{backend}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

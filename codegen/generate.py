@@ -108,14 +108,16 @@ def relative_path(config: Config, backend: Backend) -> str:
     return f"{backend.name}/{config.name}{backend.suffix}"
 
 
-def render_all(configs: list[Config], report: Callable[[str], None] = print) -> list[Rendered]:
-    """Derive and render every config for every backend, in memory."""
+def render_all(configs: list[Config], report: Callable[[str], None] = print,
+               backends: tuple[Backend, ...] = BACKENDS) -> list[Rendered]:
+    """Derive and render every config for every backend (or those of ``backends``), in
+    memory."""
     out = []
     for config in configs:
         start = time.perf_counter()
         der = derive(config)
         derived = time.perf_counter() - start
-        for backend in BACKENDS:
+        for backend in backends:
             start = time.perf_counter()
             text = render(der, backend)
             out.append(Rendered(config, backend.name, relative_path(config, backend), text))

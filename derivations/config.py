@@ -41,6 +41,7 @@ APPLIES_TO = {
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
     "ffn_gate": ("block", "ffn"),
+    "projection": ("embedding",),
     "embedding_bias": ("embedding",),
     "positional": ("embedding",),
     "class_token": ("embedding",),
@@ -79,6 +80,7 @@ class Config:
     activation: str = "relu"
     ffn_bias: bool = False
     ffn_gate: bool = False
+    projection: bool = True  # X W_E; without it X is already embedded (L×d)
     embedding_bias: bool = True
     positional: bool = True  # a learned positional embedding (L×d)
     class_token: bool = False  # the first row is a learned token (a ViT's class token)

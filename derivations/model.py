@@ -125,7 +125,8 @@ def build_network(g: Graph, config: Config, external: dict | None = None
     ``W_H, b_H``), and runtime guards; ``external`` collects the shapes
     users pass where they differ from the engine's."""
     external = {} if external is None else external
-    X = g.input("X", (sizes.L, sizes.p if config.kind == "embedding" else sizes.d))
+    features = sizes.p if config.kind == "embedding" and config.projection else sizes.d
+    X = g.input("X", (sizes.L, features))
     if config.kind == "embedding":
         with g.sublayer(embedding.TITLE):
             layer = embedding.embed(g, X, config)
