@@ -26,7 +26,7 @@ from ..codegen.generate import render_all
 from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
 from ..derivations.config import load
-from . import real_layer
+from . import depth, real_layer
 from .routes import Routes
 
 HEADLINE = {"L": 16, "d": 16, "d_k": 16, "d_ff": 64}
@@ -144,6 +144,7 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
     if not quick:
         _mnist(runner)
     _real_layer(runner, quick)
+    growth = _depth(runner, quick)
     memory = _peak_memory(runner, headline, batch)
     report(f"  peak memory of numpy loss_hessian: {memory['peak_bytes'] / 2**20:.1f} MiB "
            f"= {memory['ratio_to_output']:.2f} x its output")
@@ -153,7 +154,7 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
     generate_seconds = time.perf_counter() - start
     report(f"  curvgap generate for {config_name}: {generate_seconds:.1f} s")
     results = {"config": config_name, "quick": quick, "machine": machine(),
-               "cases": runner.results, "memory": memory, "sweep": sweep,
+               "cases": runner.results, "memory": memory, "sweep": sweep, "depth": growth,
                "generate_seconds": generate_seconds}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +237,58 @@ def _real_layer(runner: Runner, quick: bool) -> None:
     runner.case("real layer hvp", label, {
         "curvgap.curvature": r.curvgap_hvp(), "double backward": r.hvp_double_backward(),
     }, ["double backward"])
+
+
+#: The largest model whose full Hessian autograd is asked for (its rows in one batched pass).
+MAX_AUTOGRAD_ROWS = 2400
+
+
+def _depth(runner: Runner, quick: bool) -> dict:
+    """``curvgap.curvature`` on ``TransformerEncoder`` models of growing depth against
+    autograd on the model: per depth the times (and agreement), and the growth exponent of
+    each route's time in the depth (a log–log fit)."""
+    d, heads, d_ff, L, batch = (4, 2, 8, 4, 2) if quick else (8, 2, 16, 8, 4)
+    depths = (1, 2) if quick else (1, 2, 4, 8, 12)
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(batch, L, d, generator=generator, dtype=torch.float64)
+            for _ in range(2))
+    rows = []
+    for n_layers in depths:
+        r = depth.DepthRoutes(depth.encoder(n_layers, d, heads, d_ff), X, T)
+        label = {"model": "TransformerEncoder (pre-LN, GELU, biases)", "layers": n_layers,
+                 "parameters": r.n, "L": L, "d": d, "heads": heads, "d_ff": d_ff, "B": batch,
+                 "dtype": "float64"}
+        runner.report(f"  depth {n_layers}: {label}")
+        row = {"layers": n_layers, "parameters": r.n}
+        for quantity, candidates, autograd in (
+                ("gradient", {"curvgap": r.curvgap_gradient(),
+                              "backward": r.gradient_backward()}, ["backward"]),
+                ("hvp", {"curvgap": r.curvgap_hvp(), "double backward": r.hvp_double_backward()},
+                 ["double backward"]),
+                ("cross-layer block", {"curvgap": r.curvgap_block(),
+                                       "reverse over reverse": r.block_rows()},
+                 ["reverse over reverse"]),
+                ("loss_hessian", {"curvgap": r.curvgap_hessian(), "reverse over reverse":
+                                  r.hessian_rows() if r.n <= MAX_AUTOGRAD_ROWS else None},
+                 ["reverse over reverse", "curvgap"])):
+            case = runner.case(f"depth {quantity}", label, candidates, autograd)
+            row.update({f"{quantity}: {name}": t for name, t in case["seconds"].items()})
+        block, hvp = r.curvgap_block()(), r.curvgap_hvp()()
+        expected_block, expected_hvp = r.block_rows()(), r.hvp_double_backward()()
+        row["agreement"] = {
+            "cross-layer block": float((block - expected_block).abs().max()
+                                       / expected_block.abs().max()),
+            "hvp": float((hvp - expected_hvp).abs().max() / expected_hvp.abs().max())}
+        runner.report(f"    agreement with autograd (max rel. difference): {row['agreement']}")
+        rows.append(row)
+    exponents = {}
+    for name in rows[0]:
+        if ":" in name and all(name in row for row in rows):
+            x = np.log([row["layers"] for row in rows])
+            exponents[name] = float(np.polyfit(x, np.log([row[name] for row in rows]), 1)[0])
+    runner.report("    growth exponents in depth: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in exponents.items()))
+    return {"rows": rows, "growth_exponents": exponents}
 
 
 def _optional(make: Callable) -> Callable | None:

@@ -101,6 +101,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         hvp=der.nodes("hvp"),
         directions=der.nodes("hvp", key="direction"),
         jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
+        joint_gradient=der.nodes("joint_gradient")["X"],
         joint_directions=der.nodes("hvp_joint", key="direction"),
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

@@ -312,11 +312,14 @@ def _check_joint(module: ModuleType, ref: Reference, conv, names: list[str],
             expected_params = expected_params + in_params
     P = {k: conv(value) for k, value in ref.params.items()}
     direction = None if v is None else conv(v)
-    errors = {"jvp": relative_error(module.jvp(P, conv(X), direction, conv(v_X)),
-                                    expected_jvp)}
-    in_params, in_input = module.hvp_joint(P, conv(X), conv(ref.target), direction, conv(v_X),
-                                           v_T=None if v_T is None else conv(v_T))
+    output, tangent = module.jvp(P, conv(X), direction, conv(v_X))
+    errors = {"jvp": relative_error(tangent, expected_jvp),
+              "jvp.output": relative_error(output, ref.forward())}
+    in_params, in_input, gradient = module.hvp_joint(
+        P, conv(X), conv(ref.target), direction, conv(v_X),
+        v_T=None if v_T is None else conv(v_T))
     errors["hvp_joint[X]"] = relative_error(in_input, expected_X)
+    errors["hvp_joint.gradient[X]"] = relative_error(gradient, ref.gradient(["X"]))
     if names:
         errors["hvp_joint[params]"] = relative_error(in_params, expected_params)
     return errors

@@ -19,7 +19,8 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
 ``jvp``                     ``dZ`` along directions ``u_V`` in every variable at once;
 ``hvp_joint``               the Hessian over every variable (``X`` and the parameters) times
-                            one joint direction ``u``: the pieces a chain of modules needs.
+                            one joint direction ``u`` (and the input's gradient): the pieces
+                            a chain of modules needs.
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
 """
@@ -344,6 +345,9 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
         der.target.indices)
     program = g.in_group("forward") + g.in_group("loss") + g.in_group("adjoints")
     with der.add_group("hvp_joint", ("adjoints",)):
+        # the input's gradient on the way (a chain's next cotangent down)
+        der.add("joint_gradient", (der.X.name,),
+                g.output(f"joint_gradient_{der.X.name}", adjoints[der.X.name]))
         calculus.propagate(g, program, directions, "w")
         for var in der.variables:
             hv = calculus.differentiate(g, adjoints[var.name], directions)

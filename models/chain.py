@@ -213,8 +213,9 @@ class Chain:
             wrt: str | list[str] | None = None) -> Array:
         """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
         ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``,
-        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part,
-        from the lowest part in ``wrt``."""
+        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part
+        from the lowest part in ``wrt`` (each passing its output, or its input's gradient,
+        on as the next part's input, or cotangent)."""
         chosen = self._chosen(wrt)
         layers = self._layers(params)
         sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
@@ -225,19 +226,22 @@ class Chain:
         offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
         pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
                   for k in range(self.depth)]
-        inputs = self._inputs(layers, X)
-        g = self._cotangents(layers, inputs, target)
         lowest = min(k for k, names in enumerate(chosen) if names)
+        inputs = [X]
+        for k in range(lowest):
+            inputs.append(self.modules[k].forward(layers[k], inputs[-1]))
         tangents = {lowest: None}  # dZ_{k-1}: the direction of part k's input, per sample
         for k in range(lowest, self.depth - 1):
-            tangents[k + 1] = self.modules[k].jvp(layers[k], inputs[k], pieces[k],
-                                                  tangents[k], wrt=chosen[k] or None)
-        products, down = [None] * self.depth, None  # down: dg_k, the cotangent's tangent
+            output, tangents[k + 1] = self.modules[k].jvp(
+                layers[k], inputs[k], pieces[k], tangents[k], wrt=chosen[k] or None)
+            inputs.append(output)
+        # down: dg_k, the tangent of the cotangent g_k = ∂ℓ_b/∂Z_k, passed down with it
+        products, down, cotangent = [None] * self.depth, None, target
         for k in range(self.depth - 1, lowest - 1, -1):
-            in_params, in_input = self.modules[k].hvp_joint(
-                layers[k], inputs[k], target if k == self.depth - 1 else g[k], pieces[k],
-                tangents[k], wrt=chosen[k] or None, v_T=down)
-            products[k], down = in_params, in_input
+            products[k], down, gradient = self.modules[k].hvp_joint(
+                layers[k], inputs[k], cotangent, pieces[k], tangents[k],
+                wrt=chosen[k] or None, v_T=down)
+            cotangent = gradient.reshape(inputs[k].shape)
         return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
 
 

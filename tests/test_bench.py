@@ -16,10 +16,15 @@ def test_quick_bench_writes_finite_results(tmp_path):
     timed = [row for row in results["cases"] if "seconds" in row]
     assert {row["quantity"] for row in timed} >= {"loss_hessian (full)", "hvp",
                                                   "jacobian (all params)",
-                                                  "real layer loss_hessian", "real layer hvp"}
+                                                  "real layer loss_hessian", "real layer hvp",
+                                                  "depth hvp", "depth cross-layer block"}
     for row in timed:
         assert all(math.isfinite(t) and t > 0 for t in row["seconds"].values())
     for row in results["cases"]:
         if row["quantity"] in ("agreement", "agreement (real layer)"):
             assert max(row["relative"].values()) < 1e-10
+    assert [row["layers"] for row in results["depth"]["rows"]] == [1, 2]
+    for row in results["depth"]["rows"]:
+        assert max(row["agreement"].values()) < 1e-10
+    assert all(math.isfinite(e) for e in results["depth"]["growth_exponents"].values())
     assert results["machine"]["torch"].startswith("2.")
