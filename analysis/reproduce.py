@@ -8,7 +8,8 @@
 3. Scaling: each block's degree in the input scale, derived from the engine's index form
    and fitted numerically, for self-attention and the block with ``eps = 0`` and
    ``eps > 0`` (:mod:`.scaling`).
-4. Convergence: a small ViT on the digits and Theorem 7 (:mod:`.vit`; Figure 5).
+4. Convergence: a small ViT on the digits and Theorem 7 (:mod:`.vit`; Figure 5), and the
+   trained ViT's whole-model loss Hessian with its block-diagonal approximation's error.
 
 Writes ``report.md``, ``report.json`` and the PNG figures to ``out``.
 """
@@ -30,7 +31,8 @@ import torch
 from . import bounds, scaling, structure, vit
 
 FIGURES = {"heatmap": "hessian_heatmap.png", "norms": "block_norms.png",
-           "scaling": "scaling.png", "convergence": "convergence.png"}
+           "scaling": "scaling.png", "convergence": "convergence.png",
+           "whole": "whole_model_hessian.png"}
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,17 @@ class Settings:
     sigma_step: float
     vit_epochs: int
     hessian_samples: int
+    whole_samples: int
 
 
 QUICK = Settings(attention_seeds=100, block_seeds=12,
                  structure_dims={"L": 8, "d": 8, "d_k": 8, "d_ff": 32}, structure_samples=256,
                  structure_steps=150, large_samples=2, sigma_step=1.0, vit_epochs=4,
-                 hessian_samples=4)
+                 hessian_samples=4, whole_samples=64)
 FULL = Settings(attention_seeds=600, block_seeds=128,
                 structure_dims={"L": 16, "d": 16, "d_k": 16, "d_ff": 64},
                 structure_samples=512, structure_steps=400, large_samples=4, sigma_step=0.5,
-                vit_epochs=40, hessian_samples=128)
+                vit_epochs=40, hessian_samples=128, whole_samples=1437)
 
 #: Scaling: the configs, the σ range drawn, and the largest σ of the fit (the small-σ
 #: regime; with eps > 0 LayerNorm is linear only while σ² var(input) ≪ eps).
@@ -189,7 +192,14 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
     params, losses = vit.train(data, settings.vit_epochs, progress=say)
     result = vit.convergence(params, data, settings.hessian_samples, progress=say)
     vit.plot_convergence(result, out / FIGURES["convergence"])
+    samples = min(settings.whole_samples, len(data.train_y))
+    whole = vit.whole_hessian(params, data, samples)
+    vit.plot_whole_hessian(whole, out / FIGURES["whole"])
+    say(f"    whole-model Hessian over {samples} images (n = {whole.H.shape[0]}): ‖H‖₂ = "
+        f"{whole.norm:.4g}, block-diagonal by layer off by "
+        f"{whole.block_diagonal['layers']['frobenius']:.3f} (Frobenius)")
     return {"dims": vit.DIMS, "epochs": settings.vit_epochs, "train_samples": len(data.train_y),
+            "parameters": whole.H.shape[0],
             "test_accuracy": vit.accuracy(params, data.test_x, data.test_y),
             "train_loss_last": losses[-1], "loss_bound": result.loss_bound, "M": result.M,
             "hessian_norms": result.hessian_norms, "radius": result.radius,
@@ -197,7 +207,19 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
             "violations_optimum": result.violations_optimum,
             "violations_perturbed": result.violations_perturbed,
             "gap_optimum_last": float(result.gap_optimum[-1]),
-            "gap_perturbed_last": float(result.gap_perturbed[-1])}
+            "gap_perturbed_last": float(result.gap_perturbed[-1]),
+            "whole_hessian": {"samples": samples, "norm": whole.norm,
+                              "parts": {k: [v.start, v.stop] for k, v in whole.parts.items()},
+                              "block_diagonal": whole.block_diagonal,
+                              "part_norms": _part_norms(whole)}}
+
+
+def _part_norms(whole: vit.WholeHessian) -> dict[str, float]:
+    """The spectral norm of each block of parts, ``"rows | columns"``."""
+    names = list(whole.parts)
+    return {f"{a} | {b}": float(torch.linalg.matrix_norm(
+        whole.H[whole.parts[a], whole.parts[b]], ord=2))
+        for n, a in enumerate(names) for b in names[n:]}
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -339,7 +361,8 @@ def _convergence_section(data: dict) -> list[str]:
             f"one `paper_block_eps` block (d_k = {dims['d_k']}, d_ff = {dims['d_ff']}), "
             f"mean pool, linear head, cross-entropy; Adam for {data['epochs']} epochs on "
             f"{data['train_samples']} images, test accuracy {data['test_accuracy']:.3f}. "
-            "w = the block's parameters (n = 2816), the rest fixed at w*.", "",
+            f"w = every parameter of the model (n = {data['parameters']}: embedding, block "
+            "and head), the Hessians the whole model's (`curvgap.models.Model`).", "",
             f"![convergence]({FIGURES['convergence']})", "",
             "| quantity | value |", "| --- | ---: |",
             f"| ℓ_max = max_i ℓ_i(w*) | {data['loss_bound']:.4g} |",
@@ -356,7 +379,26 @@ def _convergence_section(data: dict) -> list[str]:
             "`|ℓ_(k+1) − L_k| ≤ ℓ_max`. Away from w* the theorem drops the first-order term "
             "`(∇ℓ_(k+1) − ∇L_k)·(w − w*)/(k+1)` (Assumption 1), which per-sample gradients "
             "do not satisfy; M is the largest norm among the sampled per-sample Hessians, not "
-            "a supremum.", ""]
+            "a supremum.", ""] + _whole_hessian_section(data["whole_hessian"])
+
+
+def _whole_hessian_section(data: dict) -> list[str]:
+    errors = data["block_diagonal"]
+    lines = ["### The trained ViT's whole-model loss Hessian", "",
+             f"The exact loss Hessian over every parameter, averaged over {data['samples']} "
+             f"training images (`Model.loss_hessian`, cross-layer blocks included): "
+             f"‖H‖₂ = {data['norm']:.4g}. White lines bound the layers (embedding, block, "
+             "head), grey ones the parameters.", "", f"![whole-model Hessian]({FIGURES['whole']})",
+             "", "| block-diagonal approximation | ‖H − D‖_F / ‖H‖_F | ‖H − D‖₂ / ‖H‖₂ |",
+             "| --- | ---: | ---: |",
+             f"| by layer | {errors['layers']['frobenius']:.3f} | "
+             f"{errors['layers']['spectral']:.3f} |",
+             f"| by parameter | {errors['parameters']['frobenius']:.3f} | "
+             f"{errors['parameters']['spectral']:.3f} |", "",
+             "Spectral norms of the layer blocks:", "", "| rows \\| columns | ‖block‖₂ |",
+             "| --- | ---: |"]
+    lines += [f"| {name} | {value:.4g} |" for name, value in data["part_norms"].items()]
+    return lines + [""]
 
 
 def finite_numbers(value) -> bool:

@@ -1,17 +1,18 @@
-"""A small post-LN ViT on scikit-learn's 8×8 digits, and Theorem 7's convergence check.
+"""A small post-LN ViT on scikit-learn's 8×8 digits: Theorem 7's convergence check and the
+whole model's loss Hessian.
 
-Model: an image (``8×8``, scaled to ``[0, 1]``) is cut into ``L = 4`` patches of ``4×4``
-pixels (row-major), embedded ``t = p E + e + P_pos`` (``d = 16``), passed through one
-curvgap block (the generated ``paper_block_eps`` forward: one head, LayerNorm
-``eps = 1e-5``, ReLU FFN with ``d_ff = 64``, ``d_k = 16``), mean-pooled over tokens and
-mapped to 10 logits, ``logits = mean_L(Z) W_h + b_h``; cross-entropy loss.
+Model (``configs/models/digits_vit.toml``, a :class:`curvgap.models.Model`): an image
+(``8×8``, scaled to ``[0, 1]``) is cut into ``L = 4`` patches of ``4×4`` pixels (row-major),
+embedded ``t = p W_E + b_E + P_E`` (``d = 16``), passed through one post-LN block (one head,
+LayerNorm ``eps = 1e-5``, ReLU FFN with ``d_ff = 64``, ``d_k = 16``), mean-pooled over tokens
+and mapped to 10 logits, ``mean_L(Z) W_H + b_H``; cross-entropy loss. Every derivative is the
+whole model's, over every parameter (``n = 3,322``).
 
 Theorem 7 of the paper: with ``ℓ_i(w)`` the per-sample loss and
 ``L_k(w) = (1/k) Σ_{i≤k} ℓ_i(w)``,
 ``|L_{k+1}(w) − L_k(w)| ≤ (2 ℓ_max + M ‖w − w*‖²) / (k + 1)`` with ``0 ≤ ℓ_i(w*) ≤ ℓ_max``
-and ``‖∇²_w ℓ_i(w*)‖₂ ≤ M``; here ``w`` is the block's parameters
-(``W_Q, W_K, W_V, W_1, W_2``, ``n = 2816``), the embedding and head held at their trained
-values, and ``M`` the largest per-sample Hessian norm found by Lanczos on a sample of the
+and ``‖∇²_w ℓ_i(w*)‖₂ ≤ M``; here ``w`` is every parameter of the model and ``M`` the largest
+per-sample Hessian norm found by Lanczos (on the model's exact ``hvp``) on a sample of the
 training set.
 """
 
@@ -24,13 +25,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..generated.torch import paper_block_eps as block
-from .spectra import lanczos_spectral_norm
+from ..codegen.resources import MODEL_CONFIGS
+from ..models import Model
+from .spectra import lanczos_spectral_norm, symmetric_spectral_norm
 
+MODEL = Model(MODEL_CONFIGS / "digits_vit.toml")
 DIMS = {"L": 4, "d": 16, "d_k": 16, "d_ff": 64}
 PATCH = 4
 CLASSES = 10
-BLOCK_PARAMS = [name for name, _ in block.PARAMS]
+#: Every parameter, in the model's order (``embedding.W_E``, …, ``head.b_H``).
+PARAMS = MODEL.PARAMS
 
 
 @dataclass
@@ -61,29 +65,26 @@ def digits(seed: int = 0, test_fraction: float = 0.2) -> Digits:
 
 
 def init_params(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Embedding, position, block and head parameters, ``N(0, 1/fan_in)`` (position
-    ``N(0, 0.02²)``, biases zero)."""
+    """Every parameter of the model, ``N(0, 1/fan_in)`` (positions ``N(0, 0.02²)``,
+    biases zero)."""
     gen = torch.Generator().manual_seed(seed)
-    d = DIMS["d"]
-
-    def normal(*shape: int, scale: float) -> torch.Tensor:
-        return scale * torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    params = {"embed": normal(PATCH * PATCH, d, scale=PATCH ** -1.0),
-              "embed_bias": torch.zeros(d, dtype=torch.float64),
-              "position": normal(DIMS["L"], d, scale=0.02)}
-    for name, shape in block.PARAMS:
-        params[name] = normal(*(DIMS[s] for s in shape), scale=DIMS[shape[0]] ** -0.5)
-    params["head"] = normal(d, CLASSES, scale=d ** -0.5)
-    params["head_bias"] = torch.zeros(CLASSES, dtype=torch.float64)
+    sizes = {**DIMS, "p": PATCH * PATCH, "c": CLASSES}
+    params = {}
+    for (prefix, _), module in zip(MODEL.config.parts(), MODEL.modules):
+        for name, shape in module.PARAMS:
+            dims = [sizes[s] for s in shape]
+            if name.startswith("b_"):
+                value = torch.zeros(*dims, dtype=torch.float64)
+            else:
+                scale = 0.02 if name == "P_E" else dims[0] ** -0.5
+                value = scale * torch.randn(*dims, generator=gen, dtype=torch.float64)
+            params[f"{prefix}.{name}"] = value
     return params
 
 
 def logits(params: dict, patches: torch.Tensor) -> torch.Tensor:
     """``(N, 10)`` logits of patches ``(N, 4, 16)``."""
-    tokens = patches @ params["embed"] + params["embed_bias"] + params["position"]
-    Z = block.forward({name: params[name] for name in BLOCK_PARAMS}, tokens)
-    return Z.mean(dim=1) @ params["head"] + params["head_bias"]
+    return MODEL.forward(params, patches)[:, 0]
 
 
 def sample_losses(params: dict, patches: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -121,30 +122,98 @@ def train(data: Digits, epochs: int, batch: int = 64, lr: float = 3e-3, seed: in
 
 def sample_hvp(params: dict, patch: torch.Tensor, label: torch.Tensor
                ) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
-    """``(v ↦ ∇²_w ℓ_i v, n)`` for one sample, ``w`` the block's parameters (``vec_r`` of
-    each, concatenated in ``PARAMS`` order): double backward through a gradient kept with
-    its graph, the Hessian never formed."""
-    weights = [params[name].clone().requires_grad_(True) for name in BLOCK_PARAMS]
-    merged = {**params, **dict(zip(BLOCK_PARAMS, weights))}
-    loss = sample_losses(merged, patch[None], label[None])[0]
-    gradient = torch.autograd.grad(loss, weights, create_graph=True)
-    sizes = [w.numel() for w in weights]
+    """``(v ↦ ∇²_w ℓ_i v, n)`` for one sample, ``w`` every parameter (``vec_r`` of each,
+    concatenated in ``PARAMS`` order): the model's exact ``hvp``, the Hessian never
+    formed."""
+    X, T = patch[None], label.reshape(1, 1)
 
     def matvec(v: np.ndarray) -> np.ndarray:
-        pieces = torch.as_tensor(np.ascontiguousarray(v).reshape(-1)).split(sizes)
-        hv = torch.autograd.grad(gradient, weights, [p.reshape(w.shape) for p, w in
-                                                     zip(pieces, weights)], retain_graph=True)
-        return torch.cat([h.reshape(-1) for h in hv]).numpy()
+        direction = torch.as_tensor(np.ascontiguousarray(v).reshape(-1))
+        return MODEL.hvp(params, X, T, direction).numpy()
 
-    return matvec, sum(sizes)
+    return matvec, sum(params[name].numel() for name in PARAMS)
 
 
 def sample_hessian_norm(params: dict, patch: torch.Tensor, label: torch.Tensor,
                         seed: int = 0) -> float:
-    """``‖∇²_w ℓ_i‖₂`` over the block's parameters for one sample, by Lanczos on
+    """``‖∇²_w ℓ_i‖₂`` over every parameter for one sample, by Lanczos on
     :func:`sample_hvp`."""
     matvec, n = sample_hvp(params, patch, label)
     return lanczos_spectral_norm(matvec, n, seed=seed, tol=1e-8)
+
+
+@dataclass
+class WholeHessian:
+    """The model's loss Hessian over every parameter, averaged over ``samples`` training
+    images, with the rows of each part (``embedding``, ``blocks.0``, ``head``) and of each
+    parameter, and the relative error of its block-diagonal approximations."""
+
+    H: torch.Tensor
+    parts: dict[str, slice]
+    params: dict[str, slice]
+    samples: int
+    norm: float
+    block_diagonal: dict[str, dict[str, float]]
+
+
+def block_diagonal_error(H: torch.Tensor, slices: dict[str, slice]) -> dict[str, float]:
+    """``‖H − D‖ / ‖H‖`` in the Frobenius and spectral norms, ``D`` the diagonal blocks of
+    ``H`` over ``slices`` (the rest zero)."""
+    D = torch.zeros_like(H)
+    for rows in slices.values():
+        D[rows, rows] = H[rows, rows]
+    return {"frobenius": float(torch.linalg.matrix_norm(H - D) / torch.linalg.matrix_norm(H)),
+            "spectral": symmetric_spectral_norm(H - D) / symmetric_spectral_norm(H)}
+
+
+def whole_hessian(params: dict, data: Digits, samples: int, batch: int = 64) -> WholeHessian:
+    """The exact loss Hessian of the first ``samples`` training images (their mean, computed
+    ``batch`` at a time), every parameter, cross-part blocks included."""
+    n = sum(params[name].numel() for name in PARAMS)
+    H = torch.zeros(n, n, dtype=torch.float64)
+    for start in range(0, samples, batch):
+        stop = min(samples, start + batch)
+        X, T = data.train_x[start:stop], data.train_y[start:stop, None]
+        H += MODEL.loss_hessian(params, X, T) * (stop - start) / samples
+    parts = MODEL.part_slices(params)
+    offsets = np.cumsum([0] + [params[name].numel() for name in PARAMS])
+    by_param = {name: slice(int(offsets[k]), int(offsets[k + 1]))
+                for k, name in enumerate(PARAMS)}
+    errors = {"layers": block_diagonal_error(H, parts),
+              "parameters": block_diagonal_error(H, by_param)}
+    return WholeHessian(H, parts, by_param, samples, symmetric_spectral_norm(H), errors)
+
+
+def plot_whole_hessian(result: WholeHessian, path: Path) -> None:
+    """``log10 |H_ab|`` of the whole model's Hessian, parts' boundaries in white, the
+    parameters' in grey."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 7))
+    with np.errstate(divide="ignore"):
+        logs = np.log10(result.H.abs().numpy())
+    low = np.percentile(logs[np.isfinite(logs)], 1)
+    image = ax.imshow(logs, cmap="viridis", vmin=low, vmax=logs.max(), interpolation="nearest")
+    for rows in list(result.params.values())[1:]:
+        for line in (ax.axhline, ax.axvline):
+            line(rows.start - 0.5, color="0.6", lw=0.4)
+    for rows in list(result.parts.values())[1:]:
+        for line in (ax.axhline, ax.axvline):
+            line(rows.start - 0.5, color="white", lw=1.2)
+    centres = [(s.start + s.stop) / 2 for s in result.parts.values()]
+    ax.set_xticks(centres, list(result.parts), rotation=30)
+    ax.set_yticks(centres, list(result.parts))
+    errors = result.block_diagonal["layers"]
+    ax.set_title(f"trained digits ViT: log10 |H|, every parameter (n = {result.H.shape[0]}), "
+                 f"{result.samples} images\nblock-diagonal by layer: relative error "
+                 f"{errors['frobenius']:.3f} (Frobenius), {errors['spectral']:.3f} (spectral)",
+                 fontsize=10)
+    fig.colorbar(image, ax=ax, shrink=0.85)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 @dataclass
@@ -185,8 +254,8 @@ def _slope(k: np.ndarray, gaps: np.ndarray, start: int = 10) -> float:
 
 def convergence(params: dict, data: Digits, hessian_samples: int, seed: int = 0,
                 progress: Callable[[str], None] = print) -> Convergence:
-    """Theorem 7 at ``w*`` and at ``w = w* + r u`` (``u`` a random unit direction in the
-    block's parameters, ``r`` chosen so that ``M r² = 2 ℓ_max``)."""
+    """Theorem 7 at ``w*`` and at ``w = w* + r u`` (``u`` a random unit direction in every
+    parameter, ``r`` chosen so that ``M r² = 2 ℓ_max``)."""
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(data.train_x.shape[0], generator=gen)
     x, y = data.train_x[order], data.train_y[order]
@@ -196,13 +265,13 @@ def convergence(params: dict, data: Digits, hessian_samples: int, seed: int = 0,
     for n in range(hessian_samples):
         norms.append(sample_hessian_norm(params, x[n], y[n], seed=n))
     progress(f"    Lanczos on {hessian_samples} per-sample Hessians (n = "
-             f"{sum(params[p].numel() for p in BLOCK_PARAMS)}): M = {max(norms):.4g}")
+             f"{sum(params[p].numel() for p in PARAMS)}): M = {max(norms):.4g}")
     loss_bound, M = float(at_optimum.max()), max(norms)
     radius = (2 * loss_bound / M) ** 0.5
     direction = {p: torch.randn(params[p].shape, generator=gen, dtype=torch.float64)
-                 for p in BLOCK_PARAMS}
+                 for p in PARAMS}
     scale = radius / float(torch.cat([v.reshape(-1) for v in direction.values()]).norm())
-    moved = {**params, **{p: params[p] + scale * direction[p] for p in BLOCK_PARAMS}}
+    moved = {p: params[p] + scale * direction[p] for p in PARAMS}
     with torch.no_grad():
         at_moved = sample_losses(moved, x, y)
     k = np.arange(1, x.shape[0])

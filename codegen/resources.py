@@ -6,6 +6,7 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = PACKAGE_ROOT / "configs"
+MODEL_CONFIGS = CONFIGS / "models"
 TEMPLATES = PACKAGE_ROOT / "templates"
 GENERATED = PACKAGE_ROOT / "generated"
 

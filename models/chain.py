@@ -194,7 +194,8 @@ class Chain:
                 if M is not None:
                     MJ_t = M @ J_t[k]
                     H_Xt = H_Xt + J_X[k].swapaxes(1, 2) @ MJ_t
-                    H_tt = H_tt + (J_t[k].swapaxes(1, 2) @ MJ_t).mean(0)
+                    H_tt = H_tt + (J_t[k].reshape(-1, sizes[k]).T  # mean over samples
+                                   @ MJ_t.reshape(-1, sizes[k])) / batch
                 rows = slice(offsets[k], offsets[k + 1])
                 H[rows, rows] = H_tt
                 carried = H_Xt  # ∂²ℓ_b/∂Z_a∂θ_k for the output Z_a of each part a below

@@ -264,13 +264,13 @@ def test_vit_sample_hvp_against_central_differences_of_the_gradient():
 
     def gradient(shift: float) -> torch.Tensor:
         moved, offset = dict(params), 0
-        for name in vit.BLOCK_PARAMS:
+        for name in vit.PARAMS:
             size = params[name].numel()
             moved[name] = (params[name] + shift * v[offset:offset + size]
                            .reshape(params[name].shape)).requires_grad_(True)
             offset += size
         loss = vit.sample_losses(moved, patch[None], label[None])[0]
-        grads = torch.autograd.grad(loss, [moved[name] for name in vit.BLOCK_PARAMS])
+        grads = torch.autograd.grad(loss, [moved[name] for name in vit.PARAMS])
         return torch.cat([g.reshape(-1) for g in grads])
 
     step = 1e-5

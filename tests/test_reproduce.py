@@ -8,7 +8,8 @@ import math
 
 from curvgap import cli
 
-FIGURES = ("hessian_heatmap.png", "block_norms.png", "scaling.png", "convergence.png")
+FIGURES = ("hessian_heatmap.png", "block_norms.png", "scaling.png", "convergence.png",
+           "whole_model_hessian.png")
 
 
 def _numbers(value):
@@ -49,3 +50,8 @@ def test_quick_reproduce_writes_finite_results(tmp_path, capsys):
     # |ℓ_(k+1) − L_k| ≤ ℓ_max: the bound at w* cannot fail
     assert convergence["violations_optimum"] == 0
     assert -1.2 < convergence["slope_optimum"] < -0.8
+    whole = convergence["whole_hessian"]
+    assert list(whole["parts"]) == ["embedding", "blocks.0", "head"]
+    assert whole["parts"]["head"][1] == convergence["parameters"] == 3322
+    for errors in whole["block_diagonal"].values():  # relative errors of an approximation
+        assert 0 < errors["frobenius"] <= 1 and 0 < errors["spectral"]
