@@ -7,16 +7,20 @@ from collections.abc import Callable
 
 import torch
 
-from . import timm_layers, torch_layers, transformers_layers
 from .layers import Recognised, RecognisedModel, UnsupportedLayer
+from .timm_layers import MODEL_RECOGNISERS as TIMM_MODELS
+from .timm_layers import RECOGNISERS as TIMM
+from .torch_layers import MODEL_RECOGNISERS as TORCH_MODELS
+from .torch_layers import RECOGNISERS as TORCH
+from .transformers_layers import MODEL_RECOGNISERS as TRANSFORMERS_MODELS
+from .transformers_layers import RECOGNISERS as TRANSFORMERS
 
-_LIBRARIES = (torch_layers, transformers_layers, timm_layers)
 #: The recognisers by ``(module, class name)`` of the layer class they read.
 RECOGNISERS: dict[tuple[str, str], Callable[[torch.nn.Module, str], Recognised]] = {
-    key: found for library in _LIBRARIES for key, found in library.RECOGNISERS.items()}
+    **TORCH, **TRANSFORMERS, **TIMM}
 #: The model recognisers, likewise.
 MODEL_RECOGNISERS: dict[tuple[str, str], Callable[[torch.nn.Module, str], RecognisedModel]] = {
-    key: found for library in _LIBRARIES for key, found in library.MODEL_RECOGNISERS.items()}
+    **TORCH_MODELS, **TRANSFORMERS_MODELS, **TIMM_MODELS}
 
 
 def is_model(layer: torch.nn.Module) -> bool:

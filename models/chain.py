@@ -72,6 +72,25 @@ class Chain:
                        for name in names]
         self.depth = len(parts)
 
+    def parameter_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """The shape of every parameter in ``PARAMS`` order for the sizes ``sizes`` (``L``,
+        ``d``, ``d_k``, ``d_ff``, and ``p``, ``c`` for an embedding or a head, as the parts
+        need)."""
+        shapes = {}
+        for prefix, module in zip(self.prefixes, self.modules):
+            dims = {**sizes, **getattr(module, "_CONSTANT_DIMS", {})}
+            if "h" in dims and "d" in dims:
+                dims["d_v"] = dims["d"] // dims["h"]
+            for name, shape in module.PARAMS:
+                try:
+                    shapes[f"{prefix}.{name}"] = tuple(
+                        int(np.prod([dims[factor] for factor in size.split("*")]))
+                        for size in shape)
+                except KeyError as missing:
+                    raise ValueError(f"sizes: expected the size {missing} of {prefix}.{name} "
+                                     f"(shape {shape}), got {sorted(sizes)}") from None
+        return shapes
+
     def _layers(self, params: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         missing = [name for name in self.PARAMS if name not in params]
         unknown = sorted(set(params) - set(self.PARAMS))

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..codegen.resources import MODEL_CONFIGS
 from .chain import Chain
 from .config import ModelConfig, load_model
 
 
 class Model(Chain):
-    """The parts of ``config`` (a :class:`ModelConfig` or the path of its TOML file) as a
+    """The parts of ``config`` (a :class:`ModelConfig`, the path of its TOML file, or the name
+    of a model config shipped in ``configs/models/``, such as ``"digits_vit"``) as a
     :class:`Chain`: parameters named ``"embedding.W_E"``, ``"blocks.0.W_Q"``, …,
     ``"norm.gamma"``, ``"head.W_H"``; the loss on the last part's output. One module per
     distinct part is derived (cached), whatever the depth."""
 
     def __init__(self, config: ModelConfig | str | Path, backend: str = "torch") -> None:
+        if isinstance(config, str) and config.isidentifier():
+            config = MODEL_CONFIGS / f"{config}.toml"
         if not isinstance(config, ModelConfig):
             config = load_model(config)
         self.config = config
