@@ -46,7 +46,7 @@ class Settings:
     sigma_step: float
     vit_epochs: int
     hessian_samples: int
-    whole_samples: int
+    whole_samples: int | None  # None: the whole training set
 
 
 QUICK = Settings(attention_seeds=100, block_seeds=12,
@@ -56,7 +56,7 @@ QUICK = Settings(attention_seeds=100, block_seeds=12,
 FULL = Settings(attention_seeds=600, block_seeds=128,
                 structure_dims={"L": 16, "d": 16, "d_k": 16, "d_ff": 64},
                 structure_samples=512, structure_steps=400, large_samples=4, sigma_step=0.5,
-                vit_epochs=40, hessian_samples=128, whole_samples=1437)
+                vit_epochs=40, hessian_samples=128, whole_samples=None)
 
 #: Scaling: the configs, the σ range drawn, and the largest σ of the fit (the small-σ
 #: regime; with eps > 0 LayerNorm is linear only while σ² var(input) ≪ eps).
@@ -192,7 +192,7 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
     params, losses = vit.train(data, settings.vit_epochs, progress=say)
     result = vit.convergence(params, data, settings.hessian_samples, progress=say)
     vit.plot_convergence(result, out / FIGURES["convergence"])
-    samples = min(settings.whole_samples, len(data.train_y))
+    samples = min(settings.whole_samples or len(data.train_y), len(data.train_y))
     whole = vit.whole_hessian(params, data, samples)
     vit.plot_whole_hessian(whole, out / FIGURES["whole"])
     say(f"    whole-model Hessian over {samples} images (n = {whole.H.shape[0]}): ‖H‖₂ = "
@@ -215,9 +215,9 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
 
 
 def _part_norms(whole: vit.WholeHessian) -> dict[str, float]:
-    """The spectral norm of each block of parts, ``"rows | columns"``."""
+    """The spectral norm of each block of parts, ``"rows × columns"``."""
     names = list(whole.parts)
-    return {f"{a} | {b}": float(torch.linalg.matrix_norm(
+    return {f"{a} × {b}": float(torch.linalg.matrix_norm(
         whole.H[whole.parts[a], whole.parts[b]], ord=2))
         for n, a in enumerate(names) for b in names[n:]}
 
@@ -357,8 +357,9 @@ def _scaling_section(data: dict) -> list[str]:
 def _convergence_section(data: dict) -> list[str]:
     dims = data["dims"]
     return ["## 4. Loss-landscape convergence (Theorem 7, Figure 5)", "",
-            f"ViT on scikit-learn's digits: 4×4 patches (L = {dims['L']}), d = {dims['d']}, "
-            f"one `paper_block_eps` block (d_k = {dims['d_k']}, d_ff = {dims['d_ff']}), "
+            f"ViT on scikit-learn's digits (`configs/models/digits_vit.toml`): 4×4 patches "
+            f"(L = {dims['L']}), d = {dims['d']}, one post-LN block (LayerNorm eps = 1e-5, "
+            f"d_k = {dims['d_k']}, d_ff = {dims['d_ff']}), "
             f"mean pool, linear head, cross-entropy; Adam for {data['epochs']} epochs on "
             f"{data['train_samples']} images, test accuracy {data['test_accuracy']:.3f}. "
             f"w = every parameter of the model (n = {data['parameters']}: embedding, block "
@@ -395,7 +396,7 @@ def _whole_hessian_section(data: dict) -> list[str]:
              f"{errors['layers']['spectral']:.3f} |",
              f"| by parameter | {errors['parameters']['frobenius']:.3f} | "
              f"{errors['parameters']['spectral']:.3f} |", "",
-             "Spectral norms of the layer blocks:", "", "| rows \\| columns | ‖block‖₂ |",
+             "Spectral norms of the layer blocks:", "", "| block (rows × columns) | ‖block‖₂ |",
              "| --- | ---: |"]
     lines += [f"| {name} | {value:.4g} |" for name, value in data["part_norms"].items()]
     return lines + [""]
