@@ -55,6 +55,11 @@ class RecognisedModel:
     targets: Callable[[torch.Tensor], torch.Tensor] = field(default=_same)
     outputs: Callable[[torch.Tensor], torch.Tensor] = field(default=_same)
 
+    @property
+    def takes_rows(self) -> bool:
+        """Whether the model takes the chain's input as it is (rows ``(B, L, d)``)."""
+        return self.inputs is _same
+
 
 def flat_index(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Per parameter name, the positions of its entries (shaped as the parameter) in

@@ -118,21 +118,51 @@ class ModelCurvature:
         X, T, length = self._prepared(X, T)
         return self.chain.loss(self.params(length), X, T)
 
+    def _check_input_wrt(self) -> None:
+        if not self.recognised.takes_rows:
+            raise ValueError("wrt: 'X' is offered for models taking rows (B, L, d); this "
+                             "model takes its input in another layout (images, cut into "
+                             "patches first), so ask for its parameters")
+
     def gradient(self, X: torch.Tensor, T: torch.Tensor,
                  wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss's gradient over ``wrt`` (default: every parameter), ``(n,)`` in the
-        model's order."""
+        model's order; ``wrt="X"``: per sample ``(B, L·d)``."""
         X, T, length = self._prepared(X, T)
+        if isinstance(wrt, str) and wrt == "X":
+            self._check_input_wrt()
+            return self.chain.gradient(self.params(length), X, T, wrt="X")
         _, spans, where, n = self._selection(wrt, length)
         full = self.chain.gradient(self.params(length), X, T)
         return self._placed(torch.cat([full[span] for span in spans]), where, n)
+
+    def jacobian(self, X: torch.Tensor, wrt: str) -> torch.Tensor:
+        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the
+        layout of the model's parameter ``wrt`` (or of ``X``)."""
+        X, _, length = self._prepared(X)
+        if wrt == "X":
+            self._check_input_wrt()
+            return self.chain.jacobian(self.params(length), X, "X")
+        if not isinstance(wrt, str):
+            raise ValueError(f"wrt: expected one name of the model's parameters, got {wrt!r}")
+        ours, _, where, n = self._selection(wrt, length)
+        params = self.params(length)
+        J = torch.cat([self.chain.jacobian(params, X, name) for name in ours], dim=-1)
+        out = J.new_zeros(*J.shape[:-1], n)
+        keep = where >= 0
+        out[..., where[keep]] = J[..., keep]
+        return out
 
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                      part: str = "full") -> torch.Tensor:
         """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
         model's order, cross-layer blocks included; ``part`` ``"full"``,
-        ``"gauss_newton"`` or ``"functional"``."""
+        ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per sample
+        ``(B, L·d, L·d)``."""
         X, T, length = self._prepared(X, T)
+        if isinstance(wrt, str) and wrt == "X":
+            self._check_input_wrt()
+            return self.chain.loss_hessian(self.params(length), X, T, wrt="X", part=part)
         ours, _, where, n = self._selection(wrt, length)
         H = self.chain.loss_hessian(self.params(length), X, T, wrt=ours, part=part)
         out = H.new_zeros(n, n)
@@ -141,11 +171,31 @@ class ModelCurvature:
         out[rows[:, None], rows[None, :]] = H[keep][:, keep]
         return out
 
+    def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor,
+                           wrt: str | list[str] | None = None,
+                           part: str = "full") -> torch.Tensor:
+        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every
+        parameter), ``(B, L·d, n)``, columns in the model's order."""
+        self._check_input_wrt()
+        X, T, length = self._prepared(X, T)
+        ours, _, where, n = self._selection(wrt, length)
+        H = self.chain.loss_hessian_mixed(self.params(length), X, T, wrt=ours, part=part)
+        out = H.new_zeros(*H.shape[:-1], n)
+        keep = where >= 0
+        out[..., where[keep]] = H[..., keep]
+        return out
+
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss Hessian over ``wrt`` times ``v`` (both in the model's order), ``(n,)``,
-        without forming the Hessian."""
+        without forming the Hessian; ``wrt="X"``: per sample ``(B, L·d)``."""
         X, T, length = self._prepared(X, T)
+        if isinstance(wrt, str) and wrt == "X":
+            self._check_input_wrt()
+            if tuple(v.shape) != tuple(X.reshape(X.shape[0], -1).shape):
+                raise ValueError(f"v: expected shape {tuple(X.reshape(X.shape[0], -1).shape)} "
+                                 f"(each input's entries), got shape {tuple(v.shape)}")
+            return self.chain.hvp(self.params(length), X, T, v, wrt="X")
         ours, _, where, n = self._selection(wrt, length)
         if tuple(v.shape) != (n,):
             raise ValueError(f"v: expected shape ({n},) (the entries of "

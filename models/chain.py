@@ -142,11 +142,19 @@ class Chain:
                                                 wrt="X").reshape(inputs[k + 1].shape)
         return g
 
-    def gradient(self, params: dict[str, Array], X: Array, target: Array) -> Array:
-        """The loss's gradient over every parameter in ``PARAMS`` order, ``(n,)``."""
+    def gradient(self, params: dict[str, Array], X: Array, target: Array,
+                 wrt: str | None = None) -> Array:
+        """The loss's gradient over every parameter in ``PARAMS`` order, ``(n,)``; with
+        ``wrt="X"``, per sample the gradient of each sample's own loss in its input,
+        ``(B, n_X)``."""
+        if wrt not in (None, "X"):
+            raise ValueError(f"wrt: expected None (every parameter) or 'X', got {wrt!r}")
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
+        if wrt == "X":
+            return self.modules[0].gradient(layers[0], X, g[0] if self.depth > 1 else target,
+                                            wrt="X")
         return self._cat([module.gradient(values, x, cotangent) for module, values, x, cotangent
                           in zip(self.modules, layers, inputs, [*g[:-1], target])])
 
@@ -176,22 +184,41 @@ class Chain:
                      wrt: str | list[str] | None = None, part: str = "full") -> Array:
         """The loss Hessian over ``wrt`` (names of ``PARAMS``; default: all), ``(n, n)``
         with its blocks in ``PARAMS`` order (arranged by part: :meth:`part_slices`),
-        cross-part blocks included. ``part`` is ``"full"``, ``"gauss_newton"``
-        (``J^T ∂²ℓ/∂Z_N² J`` with ``J`` the whole model's Jacobian: only the top part's own
-        Gauss–Newton term, carried down; the inner parts' linear losses have none) or
-        ``"functional"`` (the rest). Only the parts from the lowest one in ``wrt`` up are
-        visited."""
-        if part not in ("full", "gauss_newton", "functional"):
-            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
-                             f"{part!r}")
+        cross-part blocks included; with ``wrt="X"``, per sample the Hessian of each
+        sample's own loss in its input, ``(B, n_X, n_X)``. ``part`` is ``"full"``,
+        ``"gauss_newton"`` (``J^T ∂²ℓ/∂Z_N² J`` with ``J`` the whole model's Jacobian: only
+        the top part's own Gauss–Newton term, carried down; the inner parts' linear losses
+        have none) or ``"functional"`` (the rest). Only the parts from the lowest one in
+        ``wrt`` up are visited."""
         if part == "functional":
             return (self.loss_hessian(params, X, target, wrt)
                     - self.loss_hessian(params, X, target, wrt, "gauss_newton"))
-        chosen = self._chosen(wrt)
+        if isinstance(wrt, str) and wrt == "X":
+            return self._backpropagate(params, X, target, [[]] * self.depth, part, True)[1]
+        return self._backpropagate(params, X, target, self._chosen(wrt), part, False)[0]
+
+    def loss_hessian_mixed(self, params: dict[str, Array], X: Array, target: Array,
+                           wrt: str | list[str] | None = None, part: str = "full") -> Array:
+        """Per sample, the block of each sample's own loss Hessian between its input and the
+        parameters ``wrt`` (default: all of ``PARAMS``), ``(B, n_X, n)``; ``part`` as for
+        :meth:`loss_hessian`."""
+        if part == "functional":
+            return (self.loss_hessian_mixed(params, X, target, wrt)
+                    - self.loss_hessian_mixed(params, X, target, wrt, "gauss_newton"))
+        return self._backpropagate(params, X, target, self._chosen(wrt), part, True)[2]
+
+    def _backpropagate(self, params: dict[str, Array], X: Array, target: Array,
+                       chosen: list[list[str]], part: str, to_input: bool) -> tuple:
+        """Hessian backpropagation over the parameters ``chosen`` (per part), from the top
+        part down to the lowest part with one of them (``to_input``: down to the input):
+        ``(H (n, n), ∂²ℓ_b/∂X² (B, n_X, n_X) or None, ∂²ℓ_b/∂X∂θ (B, n_X, n) or None)``."""
+        if part not in ("full", "gauss_newton"):
+            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
+                             f"{part!r}")
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
         g = self._cotangents(layers, inputs, target)
-        lowest = min(k for k, names in enumerate(chosen) if names)
+        lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         J_X = {k: self.modules[k].jacobian(layers[k], inputs[k], "X")
                for k in range(lowest, self.depth - 1)}
         J_t = {k: self._cat_last([self.modules[k].jacobian(layers[k], inputs[k], name)
@@ -200,13 +227,16 @@ class Chain:
         sizes = [J_t[k].shape[-1] if k in J_t else 0 for k in range(self.depth)]
         offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
         H = self._zeros(offsets[-1], X)
+        mixed = [] if to_input else None  # the (X, θ_k) blocks, part by part
         batch, M = X.shape[0], None  # M: ∂²ℓ_b/∂Z², per sample, at the output of part k
         for k in range(self.depth - 1, lowest - 1, -1):
             module, names = self.modules[k], chosen[k]
             args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
-            H_XX = module.loss_hessian(*args, wrt="X", part=part) if k > lowest else None
-            if M is not None and H_XX is not None:  # the curvature from above, carried
-                H_XX = H_XX + J_X[k].swapaxes(1, 2) @ (M @ J_X[k])
+            H_XX = None
+            if k > lowest or to_input:
+                H_XX = module.loss_hessian(*args, wrt="X", part=part)
+                if M is not None:  # the curvature from above, carried
+                    H_XX = H_XX + J_X[k].swapaxes(1, 2) @ (M @ J_X[k])
             if names:
                 H_Xt = module.loss_hessian_mixed(*args, wrt=names, part=part)
                 H_tt = module.loss_hessian(*args, wrt=names, part=part)
@@ -224,33 +254,59 @@ class Chain:
                                  @ carried.reshape(-1, sizes[k])) / batch
                         H[offsets[a]:offsets[a + 1], rows] = block
                         H[rows, offsets[a]:offsets[a + 1]] = block.T
-                    if a > lowest:
+                    if a > lowest or to_input:
                         carried = J_X[a].swapaxes(1, 2) @ carried
+                if to_input:
+                    mixed.insert(0, carried)
             M = H_XX
-        return H
+        if not to_input:
+            return H, None, None
+        return H, M, self._cat_last(mixed) if mixed else None
+
+    def jacobian(self, params: dict[str, Array], X: Array, wrt: str) -> Array:
+        """``∂vec_r(Z_N)/∂vec_r(wrt)^T`` per sample, ``(B, n_Z, n_wrt)``, ``wrt`` a name of
+        ``PARAMS`` or ``"X"``: the part's own Jacobian times the input Jacobians of the
+        parts above it."""
+        if wrt == "X":
+            lowest, name = 0, "X"
+        else:
+            chosen = self._chosen(wrt)
+            lowest = next(k for k, names in enumerate(chosen) if names)
+            name = chosen[lowest][0]
+        layers = self._layers(params)
+        inputs = self._inputs(layers, X)
+        J = self.modules[lowest].jacobian(layers[lowest], inputs[lowest], name)
+        for k in range(lowest + 1, self.depth):
+            J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
+        return J
 
     def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
             wrt: str | list[str] | None = None) -> Array:
         """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
-        ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``,
+        ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``, or
+        with ``wrt="X"`` per sample ``(B, n_X)`` for ``v`` of shape ``(B, n_X)``,
         without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part
         from the lowest part in ``wrt`` (each passing its output, or its input's gradient,
         on as the next part's input, or cotangent)."""
-        chosen = self._chosen(wrt)
         layers = self._layers(params)
-        sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
-                 for k, names in enumerate(chosen)]
-        if tuple(v.shape) != (sum(sizes),):
-            raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
-                             f"parameters concatenated), got shape {tuple(v.shape)}")
-        offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
-        pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
-                  for k in range(self.depth)]
-        lowest = min(k for k, names in enumerate(chosen) if names)
+        if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
+            chosen, pieces, lowest, start = [[]] * self.depth, [None] * self.depth, 0, v
+        else:
+            chosen = self._chosen(wrt)
+            sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
+                     for k, names in enumerate(chosen)]
+            if tuple(v.shape) != (sum(sizes),):
+                raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
+                                 f"parameters concatenated), got shape {tuple(v.shape)}")
+            offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
+            pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
+                      for k in range(self.depth)]
+            lowest = min(k for k, names in enumerate(chosen) if names)
+            start = None
         inputs = [X]
         for k in range(lowest):
             inputs.append(self.modules[k].forward(layers[k], inputs[-1]))
-        tangents = {lowest: None}  # dZ_{k-1}: the direction of part k's input, per sample
+        tangents = {lowest: start}  # dZ_{k-1}: the direction of part k's input, per sample
         for k in range(lowest, self.depth - 1):
             output, tangents[k + 1] = self.modules[k].jvp(
                 layers[k], inputs[k], pieces[k], tangents[k], wrt=chosen[k] or None)
@@ -262,6 +318,8 @@ class Chain:
                 layers[k], inputs[k], cotangent, pieces[k], tangents[k],
                 wrt=chosen[k] or None, v_T=down)
             cotangent = gradient.reshape(inputs[k].shape)
+        if start is not None:
+            return down
         return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
 
 

@@ -139,3 +139,39 @@ def test_the_class_token_placeholder_row_is_not_read(case):
 def test_bad_model_configs_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         validate_model({**TABLE, **change})
+
+
+def test_input_derivatives_and_jacobians_equal_autograd(case):
+    """With ``wrt="X"`` and across input and parameters: per sample, against autograd on
+    the reference model."""
+    model, params, X, T = case
+    top = model.config.parts()[-1][1]
+    flat = torch.cat([params[name].reshape(-1) for name in model.PARAMS])
+
+    def sample_loss(x, t, vector=flat):
+        return reference_loss(top, logits(model, params, vector, x[None])[0], t)
+
+    F = torch.autograd.functional
+
+    def per_sample(derivative):
+        return torch.stack([derivative(x, t) for x, t in zip(X, T)])
+
+    gradient = per_sample(lambda x, t: F.jacobian(lambda y: sample_loss(y, t), x).reshape(-1))
+    assert relative(model.gradient(params, X, T, wrt="X"), gradient) <= 1e-12
+    H_XX = per_sample(lambda x, t: F.hessian(lambda y: sample_loss(y, t), x)
+                      .reshape(x.numel(), -1))
+    assert relative(model.loss_hessian(params, X, T, wrt="X"), H_XX) <= 1e-10
+    v = torch.randn(B, X[0].numel(), generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64)
+    assert relative(model.hvp(params, X, T, v, wrt="X"),
+                    torch.einsum("bij,bj->bi", H_XX, v)) <= 1e-10
+    H_Xt = per_sample(lambda x, t: F.jacobian(lambda w: F.jacobian(
+        lambda y: sample_loss(y, t, w), x, create_graph=True).reshape(-1), flat))
+    assert relative(model.loss_hessian_mixed(params, X, T), H_Xt) <= 1e-10
+    J = F.jacobian(lambda w: logits(model, params, w, X), flat).reshape(B, -1, flat.numel())
+    start = sum(params[n].numel() for n in model.PARAMS[:model.PARAMS.index("blocks.1.W_V")])
+    W_V = J[:, :, start:start + params["blocks.1.W_V"].numel()]
+    assert relative(model.jacobian(params, X, "blocks.1.W_V"), W_V) <= 1e-12
+    J_X = F.jacobian(lambda x: logits(model, params, flat, x), X)  # (B, 1, c, B, L, p)
+    J_X = torch.stack([J_X[b, ..., b, :, :].reshape(J.shape[1], -1) for b in range(B)])
+    assert relative(model.jacobian(params, X, "X"), J_X) <= 1e-12

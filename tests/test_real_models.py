@@ -73,6 +73,7 @@ def vit_output(model, X):
 
 
 def relative(value, expected) -> float:
+    expected = expected.detach()
     return float((value - expected).abs().max() / expected.abs().max())
 
 
@@ -162,3 +163,53 @@ def test_bad_images_are_refused_naming_their_shape():
     with pytest.raises(ValueError, match=r"X: expected images of shape \(B, 2, 4, 4\), got "
                                          r"shape \(2, 2, 6, 6\)"):
         c.loss(torch.randn(B, 2, 6, 6, dtype=torch.float64), torch.zeros(B, dtype=torch.long))
+
+
+def test_gpt2_input_blocks_and_jacobians_equal_autograd():
+    """On a model taking rows: the input's gradient, Hessian, HVP, the input–parameter
+    block and Jacobians, per sample, against autograd on the model."""
+    model = gpt2_model(layers=2)
+    c = curvgap.curvature(model)
+    generator = torch.Generator().manual_seed(3)
+    X, T = (torch.randn(B, 3, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    F_ = torch.autograd.functional
+    weight = dict(model.named_parameters())["h.1.mlp.c_fc.weight"]
+
+    def sample_loss(x, t):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.mse_loss(gpt2_output(model, x[None])[0], t)
+
+    def per_sample(derivative):
+        return torch.stack([derivative(x, t) for x, t in zip(X, T)])
+
+    gradient = per_sample(lambda x, t: F_.jacobian(lambda y: sample_loss(y, t), x).reshape(-1))
+    assert relative(c.gradient(X, T, wrt="X"), gradient) <= 1e-12
+    H_XX = per_sample(lambda x, t: F_.hessian(lambda y: sample_loss(y, t), x)
+                      .reshape(x.numel(), -1))
+    assert relative(c.loss_hessian(X, T, wrt="X"), H_XX) <= 1e-10
+    v = torch.randn(B, 12, generator=generator, dtype=torch.float64)
+    assert relative(c.hvp(X, T, v, wrt="X"), torch.einsum("bij,bj->bi", H_XX, v)) <= 1e-10
+
+    def output(w, x):
+        return torch.func.functional_call(model, {"h.1.mlp.c_fc.weight": w}, (),
+                                          {"inputs_embeds": x}).last_hidden_state
+
+    def input_gradient(w, x, t):  # ∂ℓ/∂x of one sample, as a function of the weight
+        return torch.func.grad(lambda y: F.mse_loss(output(w, y[None])[0], t))(x).reshape(-1)
+
+    with sdpa_kernel(SDPBackend.MATH):  # reverse over reverse (jacrev of grad)
+        mixed = per_sample(lambda x, t: torch.func.jacrev(input_gradient)(
+            weight.detach(), x, t).reshape(x.numel(), -1))
+        J = torch.func.jacrev(output)(weight.detach(), X).reshape(B, 12, -1)
+    assert relative(c.loss_hessian_mixed(X, T, wrt="h.1.mlp.c_fc.weight"), mixed) <= 1e-10
+    assert relative(c.jacobian(X, "h.1.mlp.c_fc.weight"), J) <= 1e-12
+    every = c.loss_hessian_mixed(X, T)
+    assert every.shape == (B, 12, sum(p.numel() for p in model.parameters()))
+    assert bool((every[..., c.layer_slices()["wte.weight"]] == 0).all())
+
+
+def test_a_vit_has_no_input_blocks():
+    c = curvgap.curvature(vit(), loss="cross_entropy")
+    images = torch.randn(B, 2, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="wrt: 'X' is offered for models taking rows"):
+        c.loss_hessian(images, torch.zeros(B, dtype=torch.long), wrt="X")
