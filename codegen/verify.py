@@ -81,6 +81,10 @@ def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int 
         dims["d_v"] = dims["d"] // dims["h"]
 
     def size(name: str) -> int:
+        missing = [factor for factor in name.split("*") if factor not in dims]
+        if missing:
+            raise ValueError(f"dims: expected the size {missing[0]!r} (a parameter of "
+                             f"{module.__name__} has shape {name}), got {sorted(dims)}")
         return int(np.prod([dims[factor] for factor in name.split("*")]))
 
     params = {}
@@ -89,7 +93,7 @@ def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int 
         if name.startswith("gamma"):
             value = 1 + 0.3 * value
         params[name] = value
-    X = torch.randn(batch, *(dims[s] for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
+    X = torch.randn(batch, *(size(s) for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
     if module.LOSS == "cross_entropy":  # class indices of the rows of the output
         *rows, classes = (dims[s] for s in module.OUTPUT_SHAPE)
         target = torch.randint(0, classes, (batch, *rows), generator=gen)

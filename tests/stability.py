@@ -31,7 +31,7 @@ from torch.func import hessian, jacrev, vmap
 from curvgap.codegen.verify import largest_entry, random_case, reference_loss, reference_output
 from curvgap.derivations.config import Config
 
-DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}
+DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7, "p": 6, "c": 2}
 BATCH = 2
 #: input scales of the matrix, applied to ``X`` or to ``W_Q`` and ``W_K``
 SCALES = (1e-3, 1.0, 10.0, 100.0, 1e3)

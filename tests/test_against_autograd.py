@@ -10,7 +10,8 @@ from curvgap.codegen.generate import generate
 from curvgap.codegen.verify import check_module
 
 TOLERANCE = 1e-10
-SIZES = [({"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, 2), ({"L": 5, "d": 6, "d_k": 2, "d_ff": 3}, 3)]
+SIZES = [({"L": 3, "d": 4, "d_k": 5, "d_ff": 7, "p": 6, "c": 2}, 2),
+         ({"L": 5, "d": 6, "d_k": 2, "d_ff": 3, "p": 4, "c": 7}, 3)]
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

@@ -137,7 +137,7 @@ def test_attention_weights_that_do_not_chain(backend):
 @pytest.fixture
 def block_case(backend):
     module = generated_module("paper_block", backend)
-    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}, batch=2)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}, batch=2)
     return module, backend, params, X, target
 
 
@@ -159,7 +159,7 @@ def test_block_zero_input_breaks_the_papers_variance_assumption(block_case):
 
 def test_block_with_eps_accepts_zero_input(backend):
     module = generated_module("paper_block_eps", backend)
-    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}, batch=2)
+    params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}, batch=2)
     H = module.loss_hessian(to_backend(backend, params), to_backend(backend, torch.zeros_like(X)),
                             to_backend(backend, target), wrt=["W_1", "W_2"])
     assert H.shape == (40, 40)

@@ -52,7 +52,7 @@ def _relative(value, reference, floor=0.0):
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_jacobian_and_hessians_match_finite_differences(name, backend):
     module = generated_module(name, backend)
-    params, X, target = random_case(module, {"L": 2, "d": 4, "d_k": 3, "d_ff": 5}, batch=2, seed=7)
+    params, X, target = random_case(module, {"L": 2, "d": 4, "d_k": 3, "d_ff": 5, "p": 6, "c": 7}, batch=2, seed=7)
     P, Xb, Tb = to_backend(backend, params), to_backend(backend, X), to_backend(backend, target)
     for wrt in [n for n, _ in module.PARAMS] + ["X"]:
         forward, loss, point = _flat_functions(module, backend, params, X[:1] if wrt == "X"

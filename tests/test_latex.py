@@ -20,7 +20,7 @@ from curvgap.codegen.resources import GENERATED
 from curvgap.derivations import evaluate, matrixform, sizes
 from curvgap.derivations.model import derive
 
-DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}
+DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}
 PDFLATEX = shutil.which("pdflatex")
 # CI installs texlive and sets this, so that a missing pdflatex fails instead of skipping
 REQUIRE_PDFLATEX = os.environ.get("CURVGAP_REQUIRE_PDFLATEX") == "1"
