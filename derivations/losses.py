@@ -1,10 +1,12 @@
 """Per-sample losses of the output ``Z`` (``L×d``) as index-form nodes.
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
-Cross-entropy: the rows of ``Z`` are logits over ``d`` classes and ``T`` is the one-hot
-target: ``ell = Σ_i (lse_i - Σ_j T_ij Z_ij) / L`` with ``lse_i = log Σ_j exp(Z_ij)`` the row
-log-sum-exp primitive of :mod:`.softmax` (computed shifted by the row maximum; derivatives in
-centred form, stable for large logits).
+Cross-entropy: the rows of ``Z`` are logits over its last axis and ``T`` is the one-hot
+target: ``ell = Σ_i lse_j(R_ij) / rows`` with the margins ``R = (1 − T) ∘ (Z − ⟨T, Z⟩)``
+(``lse_i(R) = lse_i(Z) − Z_it``; ``R`` is exactly 0 at the target and carries no derivative
+there) and ``lse`` the row log-sum-exp primitive of :mod:`.softmax` (computed shifted by the
+row maximum; derivatives in centred form). The target's entry of the gradient is then
+``−Σ_{j≠t} p_j``, exact when the softmax saturates, where ``p_t − 1`` would round to 0.
 Linear: ``ell = Σ_ij T_ij Z_ij``, the output contracted with a cotangent ``T``: its gradient
 is the vector-Jacobian product ``J^T vec(T)``, its Hessian ``(vec(T)^T ⊗ I) ∂²Z`` (all
 functional; the Gauss–Newton part is zero), the pieces that chain rules across layers need.
@@ -79,8 +81,14 @@ def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
         D = g.node("D", (i, j), Z[i, j] - target[i, j])
         return g.node("ell", (), (1 / (rows * width)) * D[i, j] * D[i, j])
     if loss == "cross_entropy":
-        lse = log_sum_exp_rows(g, Z, prefix="ce_")
-        return g.node("ell", (), (1 / rows) * (lse[i] - target[i, j] * Z[i, j]))
+        # margins to the target's logit, R = (1 − T) ∘ (Z − ⟨T, Z⟩), so ℓ = lse(R): the
+        # target's entry of every derivative is then a sum of the other classes' (exact when
+        # the softmax saturates), never p_t − 1 with p_t rounded to 1
+        Zt = g.node("ce_Zt", (i,), target[i, j] * Z[i, j])
+        D = g.node("ce_D", (i, j), Z[i, j] - Zt[i])
+        R = g.node("ce_R", (i, j), D[i, j] - target[i, j] * D[i, j])
+        lse = log_sum_exp_rows(g, R, prefix="ce_")
+        return g.node("ell", (), (1 / rows) * lse[i])
     if loss == "linear":
         return g.node("ell", (), target[i, j] * Z[i, j])
     D = g.node("D", (i, j), Z[i, j] - target[i, j])

@@ -163,7 +163,7 @@ class Autograd:
         """``mean_b J_b^T (∂²ℓ/∂Z²) J_b`` (per sample for ``wrt == "X"``)."""
         J = jacobians["X"] if wrt == "X" else torch.cat([jacobians[n] for n in self.names], -1)
         Z = self.forward()
-        n = self.X[0].numel()
+        n = Z[0].numel()
         Hz = vmap(lambda z, t: jacrev(jacrev(lambda zz: reference_loss(self.config, zz, t)))(z))(
             Z, self.target).reshape(-1, n, n)
         if wrt == "X":
