@@ -79,7 +79,7 @@ def relative(value, reference) -> float:
     return float((value - reference).abs().max() / reference.abs().max())
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
 def test_every_function_equals_autograd(case, expected, backend):
     model, params, X, T = case
     flat, loss, gradient, H, gauss_newton = expected
@@ -141,6 +141,7 @@ def test_bad_model_configs_are_refused(change, message):
         validate_model({**TABLE, **change})
 
 
+@pytest.mark.slow
 def test_input_derivatives_and_jacobians_equal_autograd(case):
     """With ``wrt="X"`` and across input and parameters: per sample, against autograd on
     the reference model."""

@@ -85,7 +85,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+#: The cases the default run checks; CI runs the rest with ``-m slow``.
+QUICK = ("gpt2", "vit-token")
+
+
+@pytest.fixture(scope="module", params=[
+    name if name in QUICK else pytest.param(name, marks=pytest.mark.slow) for name in CASES])
 def case(request):
     model, output, shape, loss = CASES[request.param]()
     generator = torch.Generator().manual_seed(1)
@@ -165,6 +170,7 @@ def test_bad_images_are_refused_naming_their_shape():
         c.loss(torch.randn(B, 2, 6, 6, dtype=torch.float64), torch.zeros(B, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_gpt2_input_blocks_and_jacobians_equal_autograd():
     """On a model taking rows: the input's gradient, Hessian, HVP, the input–parameter
     block and Jacobians, per sample, against autograd on the model."""
