@@ -1,8 +1,8 @@
 """Chains of generated modules, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, with the last
-part's loss on the output (a :class:`Stack` is ``N`` blocks of one config): the gradient
-and the exact loss Hessian over the parameters of every part, composed from the parts'
-generated functions by the chain rule (Hessian backpropagation), so that one derivation of
-a block serves every depth.
+part's loss on the output (a :class:`Stack` is ``N`` blocks of one config): the gradient,
+Jacobians, the exact loss Hessian over the parameters of every part (and the input) and the
+matrix-free HVP, composed from the parts' generated functions by the chain rule, so that one
+derivation of a part serves every depth.
 
 Per sample ``b``, with ``g_k = ∂ℓ_b/∂Z_k`` and ``M_k = ∂²ℓ_b/∂Z_k²``, block ``k`` (input
 ``Z_{k-1}``) gives its Jacobians ``J_X, J_θ`` and, from the module of its config with the
@@ -45,8 +45,8 @@ Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
 class Chain:
     """Parts applied one after another, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, each part
-    a ``(prefix, config)`` of a kind that keeps the shape ``(L, d)`` (a block, a norm, an
-    FFN, self-attention), the last part's loss on the output. Parameters are named
+    a ``(prefix, config)`` of any kind whose input is the previous part's output (an
+    embedding, blocks, a norm, a head), the last part's loss on the output. Parameters are named
     ``"<prefix>.<name>"`` in part order, each part's in its module's ``PARAMS`` order.
     Inputs are the ``backend``'s arrays (torch tensors, or numpy arrays), ``X`` of the first
     part's input shape, ``(B, L, d)`` or ``(B, L, p)`` for an embedding."""
@@ -91,7 +91,7 @@ class Chain:
                                      f"(shape {shape}), got {sorted(sizes)}") from None
         return shapes
 
-    def _layers(self, params: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    def _layers(self, params: dict[str, Array]) -> list[dict[str, Array]]:
         missing = [name for name in self.PARAMS if name not in params]
         unknown = sorted(set(params) - set(self.PARAMS))
         if missing or unknown:
@@ -100,20 +100,19 @@ class Chain:
         return [{name: params[f"{prefix}.{name}"] for name in names}
                 for prefix, names in zip(self.prefixes, self.part_params)]
 
-    def _inputs(self, layers: list[dict], X: torch.Tensor) -> list[torch.Tensor]:
+    def _inputs(self, layers: list[dict], X: Array) -> list[Array]:
         """``Z_0 = X, Z_1, …, Z_{N-1}``: the input of each part."""
         inputs = [X]
         for module, params in zip(self.modules[:-1], layers[:-1]):
             inputs.append(module.forward(params, inputs[-1]))
         return inputs
 
-    def forward(self, params: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
-        """``Z_N``, shape ``(B, L, d)``."""
+    def forward(self, params: dict[str, Array], X: Array) -> Array:
+        """``Z_N``, the last part's output, per sample (``(B, L, d)`` for a block)."""
         layers = self._layers(params)
         return self.modules[-1].forward(layers[-1], self._inputs(layers, X)[-1])
 
-    def loss(self, params: dict[str, torch.Tensor], X: torch.Tensor,
-             target: torch.Tensor) -> torch.Tensor:
+    def loss(self, params: dict[str, Array], X: Array, target: Array) -> Array:
         """The config's loss of ``Z_N`` per sample, averaged over the batch."""
         layers = self._layers(params)
         return self.modules[-1].loss(layers[-1], self._inputs(layers, X)[-1], target)
