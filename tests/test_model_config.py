@@ -176,3 +176,55 @@ def test_input_derivatives_and_jacobians_equal_autograd(case):
     J_X = F.jacobian(lambda x: logits(model, params, flat, x), X)  # (B, 1, c, B, L, p)
     J_X = torch.stack([J_X[b, ..., b, :, :].reshape(J.shape[1], -1) for b in range(B)])
     assert relative(model.jacobian(params, X, "X"), J_X) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_low_rank_curvature_behind_a_two_class_head_equals_autograd(backend):
+    """Behind a two-class cross-entropy head the curvature at the blocks' output has rank 1
+    per sample, and the chain multiplies through its factor: the Hessian and its
+    Gauss–Newton part still equal autograd."""
+    table = {"name": "two_class", "depth": 2, "loss": "cross_entropy",
+             "block": {"norm_position": "pre", "affine": True, "eps": 1e-5,
+                       "activation": "gelu"},
+             "head": {"pooling": "mean"}}
+    model = Model(validate_model(table), backend=backend)
+    dims = {"L": 4, "d": 3, "d_k": 2, "d_ff": 5, "c": 2}
+    gen = torch.Generator().manual_seed(5)
+    params = {name: 0.8 * torch.randn(shape, generator=gen, dtype=torch.float64)
+              + (1.0 if ".gamma" in name else 0.0)
+              for name, shape in model.parameter_shapes(dims).items()}
+    X = torch.randn(B, 4, 3, generator=gen, dtype=torch.float64)
+    T = torch.randint(0, 2, (B, 1), generator=gen)
+    top = model.config.parts()[-1][1]
+    flat = torch.cat([params[name].reshape(-1) for name in model.PARAMS])
+
+    def loss(vector):
+        Z = logits(model, params, vector, X)
+        return sum(reference_loss(top, z, t) for z, t in zip(Z, T)) / B
+
+    H = torch.autograd.functional.hessian(loss, flat)
+    J = torch.autograd.functional.jacobian(lambda v: logits(model, params, v, X),
+                                           flat).reshape(B, 2, -1)
+    Z = logits(model, params, flat, X)
+    curvature = torch.stack([torch.autograd.functional.hessian(
+        lambda z, t=t: reference_loss(top, z, t), z).reshape(2, 2) for z, t in zip(Z, T)])
+    gauss_newton = torch.einsum("bri,brs,bsj->ij", J, curvature, J) / B
+    ranks = []  # the rank of each factor the chain used (the route under test)
+    low_rank = model._low_rank
+
+    def recorded(M):
+        factor = low_rank(M)
+        ranks.append(None if factor is None else factor[1].shape[-1])
+        return factor
+
+    model._low_rank = recorded
+    P, Xb, Tb = convert(backend, params, X, T)
+    assert relative(model.loss_hessian(P, Xb, Tb), H) <= 1e-10
+    assert relative(model.loss_hessian(P, Xb, Tb, part="gauss_newton"), gauss_newton) <= 1e-10
+    assert 1 in ranks
+
+
+def convert(backend, params, X, T):
+    if backend == "torch":
+        return params, X, T
+    return {k: v.numpy() for k, v in params.items()}, X.numpy(), T.numpy()
