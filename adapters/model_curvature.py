@@ -148,10 +148,7 @@ class ModelCurvature:
         ours, _, where, n = self._selection(wrt, length)
         params = self.params(length)
         J = torch.cat([self.chain.jacobian(params, X, name) for name in ours], dim=-1)
-        out = J.new_zeros(*J.shape[:-1], n)
-        keep = where >= 0
-        out[..., where[keep]] = J[..., keep]
-        return out
+        return self._placed(J, where, n)
 
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                      part: str = "full") -> torch.Tensor:
@@ -180,10 +177,7 @@ class ModelCurvature:
         X, T, length = self._prepared(X, T)
         ours, _, where, n = self._selection(wrt, length)
         H = self.chain.loss_hessian_mixed(self.params(length), X, T, wrt=ours, part=part)
-        out = H.new_zeros(*H.shape[:-1], n)
-        keep = where >= 0
-        out[..., where[keep]] = H[..., keep]
-        return out
+        return self._placed(H, where, n)
 
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
@@ -219,7 +213,9 @@ class ModelCurvature:
 
     @staticmethod
     def _placed(values: torch.Tensor, where: torch.Tensor, n: int) -> torch.Tensor:
-        out = values.new_zeros(n)
+        """``values`` (last axis over the chain's entries) with their last axis moved to
+        the ``n`` entries of ``wrt`` by ``where`` (zeros where nothing lands)."""
+        out = values.new_zeros(*values.shape[:-1], n)
         keep = where >= 0
-        out[where[keep]] = values[keep]
+        out[..., where[keep]] = values[..., keep]
         return out
