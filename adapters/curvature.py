@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..codegen.cache import module_for
+from ..operators.hessian import CurvatureOperator, part_product
 from .layers import flat_index
 from .recognise import recognise
 
@@ -108,12 +109,44 @@ class Curvature:
 
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
-        """The loss Hessian over ``wrt`` times ``v`` (both in the layer's order), ``(n,)``."""
+        """The loss Hessian over ``wrt`` times ``v`` (both in the layer's order), ``(n,)``, or
+        times each column of ``v`` ``(n, k)``, ``(n, k)``."""
+        return self._product(self.module.hvp, X, T, v, wrt)
+
+    def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+             wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` of the loss Hessian over ``wrt`` times
+        ``v``, shapes as for :meth:`hvp`."""
+        return self._product(self.module.gnvp, X, T, v, wrt)
+
+    def _product(self, product, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+                 wrt: str | list[str] | None) -> torch.Tensor:
         ours, back = self._ours_of(wrt)
-        if v.shape != back.shape:
-            raise ValueError(f"v: expected shape {tuple(back.shape)} (the entries of "
-                             f"{wrt or 'every parameter'}), got shape {tuple(v.shape)}")
+        if v.ndim not in (1, 2) or v.shape[0] != back.shape[0]:
+            raise ValueError(f"v: expected shape ({back.shape[0]},) or ({back.shape[0]}, k) "
+                             f"(the entries of {wrt or 'every parameter'}), got shape "
+                             f"{tuple(v.shape)}")
         v_ours = torch.empty_like(v)
         v_ours[back] = v
-        out = self.module.hvp(self.params(), X, T, v_ours, wrt=ours)
-        return out[back]
+        return product(self.params(), X, T, v_ours, wrt=ours)[back]
+
+    def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
+                 part: str = "full") -> torch.Tensor:
+        """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the layer's
+        order; ``wrt="X"``: per sample ``(B, L·d)``."""
+        if wrt == "X":
+            return self.module.diagonal(self.params(), X, T, wrt="X", part=part)
+        ours, back = self._ours_of(wrt)
+        return self.module.diagonal(self.params(), X, T, wrt=ours, part=part)[back]
+
+    def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
+                         wrt: str | list[str] | None = None,
+                         part: str = "full") -> CurvatureOperator:
+        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the layer's
+        order (:class:`~curvgap.operators.CurvatureOperator`), for scipy's and curvlinops'
+        solvers and estimators. The weights are read now."""
+        n = self._ours_of(wrt)[1].shape[0]
+        self.loss(X, T)  # checks X and T now, not at the first product
+        return CurvatureOperator(part_product(
+            lambda V: self.hvp(X, T, V, wrt), lambda V: self.gnvp(X, T, V, wrt), part),
+            n, X.dtype, X.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..models import Chain
+from ..operators.hessian import CurvatureOperator, part_product
 from .layers import RecognisedModel, UnsupportedLayer, flat_index
 
 
@@ -181,24 +182,58 @@ class ModelCurvature:
 
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
-        """The loss Hessian over ``wrt`` times ``v`` (both in the model's order), ``(n,)``,
-        without forming the Hessian; ``wrt="X"``: per sample ``(B, L·d)``."""
+        """The loss Hessian over ``wrt`` times ``v`` (both in the model's order), ``(n,)``, or
+        times each column of ``v`` ``(n, k)``, without forming the Hessian; ``wrt="X"``: per
+        sample ``(B, L·d)``."""
+        return self._product(self.chain.hvp, X, T, v, wrt)
+
+    def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+             wrt: str | list[str] | None = None) -> torch.Tensor:
+        """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` (``J`` the whole model's Jacobian) of
+        the loss Hessian over ``wrt`` times ``v``, shapes as for :meth:`hvp`."""
+        return self._product(self.chain.gnvp, X, T, v, wrt)
+
+    def _product(self, product, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
+                 wrt: str | list[str] | None) -> torch.Tensor:
         X, T, length = self._prepared(X, T)
         if isinstance(wrt, str) and wrt == "X":
             self._check_input_wrt()
             if tuple(v.shape) != tuple(X.reshape(X.shape[0], -1).shape):
                 raise ValueError(f"v: expected shape {tuple(X.reshape(X.shape[0], -1).shape)} "
                                  f"(each input's entries), got shape {tuple(v.shape)}")
-            return self.chain.hvp(self.params(length), X, T, v, wrt="X")
+            return product(self.params(length), X, T, v, wrt="X")
         ours, _, where, n = self._selection(wrt, length)
-        if tuple(v.shape) != (n,):
-            raise ValueError(f"v: expected shape ({n},) (the entries of "
+        if v.ndim not in (1, 2) or v.shape[0] != n:
+            raise ValueError(f"v: expected shape ({n},) or ({n}, k) (the entries of "
                              f"{wrt or 'every parameter'}), got shape {tuple(v.shape)}")
         keep = where >= 0
-        v_ours = torch.zeros(where.numel(), dtype=v.dtype, device=v.device)
+        v_ours = v.new_zeros(where.numel(), *v.shape[1:])
         v_ours[keep] = v[where[keep]]
-        out = self.chain.hvp(self.params(length), X, T, v_ours, wrt=ours)
-        return self._placed(out, where, n)
+        out = product(self.params(length), X, T, v_ours, wrt=ours)
+        return self._placed(out.movedim(0, -1), where, n).movedim(-1, 0)
+
+    def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
+                 part: str = "full") -> torch.Tensor:
+        """The diagonal of :meth:`loss_hessian` without forming a block over parameters,
+        ``(n,)`` in the model's order; ``wrt="X"``: per sample ``(B, L·d)``."""
+        X, T, length = self._prepared(X, T)
+        if isinstance(wrt, str) and wrt == "X":
+            self._check_input_wrt()
+            return self.chain.diagonal(self.params(length), X, T, wrt="X", part=part)
+        ours, _, where, n = self._selection(wrt, length)
+        return self._placed(self.chain.diagonal(self.params(length), X, T, wrt=ours,
+                                                part=part), where, n)
+
+    def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
+                         wrt: str | list[str] | None = None,
+                         part: str = "full") -> CurvatureOperator:
+        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the model's
+        order (:class:`~curvgap.operators.CurvatureOperator`). The weights are read now."""
+        n = self._selection(wrt, self._prepared(X)[2])[3]
+        self.loss(X, T)  # checks X and T now, not at the first product
+        return CurvatureOperator(part_product(
+            lambda V: self.hvp(X, T, V, wrt), lambda V: self.gnvp(X, T, V, wrt), part),
+            n, X.dtype, X.device)
 
     def layer_slices(self, wrt: str | list[str] | None = None) -> dict[str, slice]:
         """Where each of the model's parameters (``wrt``, default all) lies in the rows of

@@ -24,6 +24,9 @@ _PURPOSES = (
     ("jacobian_", "the Jacobian ∂Z/∂{0}"),
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
     ("hvp_joint", "the Hessian-vector product along one direction in every variable"),
+    ("gnvp_joint", "the Gauss–Newton-vector product along one direction in every variable"),
+    ("diagonal_gauss_newton_", "the diagonal of the Gauss–Newton block ({0}, {0})"),
+    ("diagonal_functional_", "the diagonal of the functional block ({0}, {0})"),
     ("hvp_", "Hessian-vector products in {0}"),
     ("jvp", "the output's directional derivative along every variable"),
     ("gradient", "the loss gradient ∂ℓ/∂V of every variable"),
@@ -103,5 +106,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
         joint_gradient=der.nodes("joint_gradient")["X"],
         joint_directions=der.nodes("hvp_joint", key="direction"),
+        diagonal=der.nodes("diagonal", ("gauss_newton", "functional")),
+        joint_gnvp=der.nodes("gnvp_joint"),
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

@@ -181,7 +181,7 @@ class Reference:
     def gauss_newton(self, wrt: list[str]) -> torch.Tensor:
         """``mean_b J_b^T (∂²ℓ/∂Z²) J_b`` with every factor from autograd."""
         J = torch.cat([self.jacobian(name) for name in wrt], dim=-1)
-        Hz = self._output_curvature()
+        Hz = self.output_curvature()
         if wrt == ["X"]:
             return torch.einsum("bri,brs,bsj->bij", J, Hz, J)
         return torch.einsum("bri,brs,bsj->ij", J, Hz, J) / self.X.shape[0]
@@ -189,9 +189,9 @@ class Reference:
     def gauss_newton_mixed(self, wrt: list[str]) -> torch.Tensor:
         """Per sample ``J_X^T (∂²ℓ/∂Z²) J_θ`` with every factor from autograd."""
         J = torch.cat([self.jacobian(name) for name in wrt], dim=-1)
-        return torch.einsum("bri,brs,bsj->bij", self.jacobian("X"), self._output_curvature(), J)
+        return torch.einsum("bri,brs,bsj->bij", self.jacobian("X"), self.output_curvature(), J)
 
-    def _output_curvature(self) -> torch.Tensor:
+    def output_curvature(self) -> torch.Tensor:
         """``∂²ℓ_b/∂Z_b²`` per sample, ``(B, n_Z, n_Z)``."""
         def curvature(z, t):
             return hessian(lambda zz: reference_loss(self.config, zz, t))(z)
@@ -269,6 +269,24 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
             expected = full @ v
         errors[f"hvp[{label}]"] = relative_error(module.hvp(P, Xb, Tb, conv(v), wrt=arg),
                                                  expected)
+        if wrt == ["X"]:
+            errors[f"gnvp[{label}]"] = relative_error(
+                module.gnvp(P, Xb, Tb, conv(v), wrt=arg), torch.einsum("bij,bj->bi", gn, v))
+            diagonals = {p: torch.diagonal(h, dim1=-2, dim2=-1)
+                         for p, h in (("full", full), ("gauss_newton", gn))}
+        else:  # k directions at once: the columns of a matrix
+            V = torch.randn(full.shape[0], 3, generator=gen, dtype=X.dtype)
+            errors[f"hvp[{label}].matrix"] = relative_error(
+                module.hvp(P, Xb, Tb, conv(V), wrt=arg), full @ V)
+            errors[f"gnvp[{label}]"] = relative_error(
+                module.gnvp(P, Xb, Tb, conv(v), wrt=arg), gn @ v)
+            errors[f"gnvp[{label}].matrix"] = relative_error(
+                module.gnvp(P, Xb, Tb, conv(V), wrt=arg), gn @ V)
+            diagonals = {p: torch.diagonal(h) for p, h in (("full", full), ("gauss_newton", gn))}
+        diagonals["functional"] = diagonals["full"] - diagonals["gauss_newton"]
+        for part, reference in diagonals.items():
+            errors[f"diagonal[{label}].{part}"] = relative_error(
+                module.diagonal(P, Xb, Tb, wrt=arg, part=part), reference, diagonals["full"])
     if names:
         full, gn = ref.loss_hessian_mixed(names), ref.gauss_newton_mixed(names)
         errors["loss_hessian_mixed[X,params]"] = relative_error(
@@ -283,9 +301,9 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
 
 def _check_joint(module: ModuleType, ref: Reference, conv, names: list[str],
                  jacobians: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, float]:
-    """``jvp`` and ``hvp_joint`` along one random direction in every variable (and, but for
-    class-index targets, in the target), against the autograd Jacobians and Hessian blocks
-    contracted with it."""
+    """``jvp``, ``hvp_joint`` and ``gnvp_joint`` along one random direction in every variable
+    (and, for ``hvp_joint`` but for class-index targets, in the target), against the
+    autograd Jacobians, output curvature and Hessian blocks contracted with it."""
     X, batch = ref.X, ref.X.shape[0]
     v_X = torch.randn(batch, X[0].numel(), generator=gen, dtype=X.dtype)
     expected_jvp = torch.einsum("bri,bi->br", jacobians["X"], v_X)
@@ -319,6 +337,14 @@ def _check_joint(module: ModuleType, ref: Reference, conv, names: list[str],
     output, tangent = module.jvp(P, conv(X), direction, conv(v_X))
     errors = {"jvp": relative_error(tangent, expected_jvp),
               "jvp.output": relative_error(output, ref.forward())}
+    curved = torch.einsum("brs,bs->br", ref.output_curvature(), expected_jvp)
+    gn_params, gn_input = module.gnvp_joint(P, conv(X), conv(ref.target), direction,
+                                            conv(v_X))
+    errors["gnvp_joint[X]"] = relative_error(
+        gn_input, torch.einsum("bri,br->bi", jacobians["X"], curved))
+    if names:
+        errors["gnvp_joint[params]"] = relative_error(
+            gn_params, torch.einsum("bri,br->i", J, curved) / batch)
     in_params, in_input, gradient = module.hvp_joint(
         P, conv(X), conv(ref.target), direction, conv(v_X),
         v_T=None if v_T is None else conv(v_T))

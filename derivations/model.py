@@ -17,6 +17,13 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
 ``gradient``                ``∂ell/∂V`` for every variable, as dense arrays;
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
+``diagonal_<part>_V``       the diagonal of the loss Hessian block ``(V, V)`` (``part``
+                            ``gauss_newton`` or ``functional``), shaped as ``V``: the
+                            block's expression with its two directions identified, so the
+                            block itself is never formed;
+``gnvp_joint``              the Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` times one joint
+                            direction: forward mode over the loss and the adjoints with the
+                            network's nodes held fixed (only ``Z`` moves, along ``J u``).
 ``jvp``                     ``dZ`` along directions ``u_V`` in every variable at once;
 ``hvp_joint``               the Hessian over every variable (``X`` and the parameters) times
                             one joint direction ``u`` (and the input's gradient): the pieces
@@ -218,7 +225,8 @@ def derive(config: Config) -> Derivation:
     _loss_hessians(der, tangents, adjoints)
     _gradients(der, adjoints)
     _hessian_vector_products(der, adjoints)
-    _joint_directions(der, adjoints)
+    output_tangent = _joint_directions(der, adjoints)
+    _gauss_newton_products(der, adjoints, output_tangent)
     return der
 
 
@@ -289,6 +297,22 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
             whole = (gauss_newton + blocks["functional"]).with_free(gauss_newton.free)
             der.add("loss_hessian", (v, w),
                     g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
+        if v == w:
+            _diagonals(der, v, requires, tangents[v].indices, renamed, blocks, mean)
+
+
+def _diagonals(der: Derivation, v: str, requires: tuple[str, ...],
+               indices: tuple[Index, ...], renamed: dict, blocks: dict[str, Expr],
+               mean: bool) -> None:
+    """Groups ``diagonal_gauss_newton_V`` and ``diagonal_functional_V``: the diagonal of each
+    part of the block ``(V, V)`` (``blocks``), its second direction's indices ``renamed``
+    identified with the first's ``indices`` (``δ[a, a] = 1``), shaped as ``V``."""
+    identified = {renamed[i]: i for i in indices}
+    for part, block in blocks.items():
+        with der.add_group(f"diagonal_{part}_{v}", requires, (indices, ())):
+            diagonal = Expr([t.renamed(identified) for t in block.terms], indices)
+            der.add("diagonal", (v,), der.graph.output(
+                f"diagonal_{part}_{v}", diagonal.simplified(), mean_over_batch=mean), part)
 
 
 def _gradients(der: Derivation, adjoints: dict[str, Expr]) -> None:
@@ -338,6 +362,7 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
         tangents = calculus.propagate(g, g.in_group("forward"),
                                       calculus.Tangents((), dict(directions.by_name)), "u")
         der.add("jvp", (), g.output("jvp_Z", tangents.of(der.output)))
+        output_tangent = tangents.of(der.output)
     # the target has a direction too: with the linear loss Σ T∘Z its product is J^T u_T,
     # the second term of a cotangent's tangent when modules are chained
     target = g.input("u_T", der.target.shape, role="direction")
@@ -354,6 +379,23 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
             der.add("hvp_joint", (var.name,), g.output(f"hvp_joint_{var.name}", hv,
                                                        mean_over_batch=var is not der.X),
                     direction=inputs[var.name].name)
+    return output_tangent
+
+
+def _gauss_newton_products(der: Derivation, adjoints: dict[str, Expr],
+                           output_tangent: Expr) -> None:
+    """Group ``gnvp_joint``: ``J_V^T (∂²ℓ/∂Z²) J u`` for every variable ``V``, ``J u`` the
+    ``jvp`` group's output tangent. Only ``Z`` moves (the network's nodes are held fixed),
+    so the adjoints' tangents are the linearised network's transpose applied to the loss's
+    curvature along ``J u``: no second derivative of the network enters."""
+    g = der.graph
+    moving = calculus.Tangents((), {der.output.name: output_tangent})
+    with der.add_group("gnvp_joint", ("jvp", "adjoints")):
+        calculus.propagate(g, g.in_group("loss") + g.in_group("adjoints"), moving, "n")
+        for var in der.variables:
+            product = calculus.differentiate(g, adjoints[var.name], moving)
+            der.add("gnvp_joint", (var.name,), g.output(
+                f"gnvp_{var.name}", product, mean_over_batch=var is not der.X))
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

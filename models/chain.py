@@ -304,6 +304,49 @@ class Chain:
         return (np.take_along_axis(vectors, kept[:, None, :], axis=-1),
                 np.take_along_axis(values, kept, axis=-1))
 
+    def diagonal(self, params: dict[str, Array], X: Array, target: Array,
+                 wrt: str | list[str] | None = None, part: str = "full") -> Array:
+        """The diagonal of :meth:`loss_hessian` over ``wrt`` (default: all of ``PARAMS``),
+        ``(n,)`` in ``PARAMS`` order, or with ``wrt="X"`` per sample ``(B, n_X)``, without
+        forming a Hessian block over parameters: per part ``k``, the module's own diagonal
+        against its cotangent plus ``mean_b diag(J_θ^T M_k J_θ)``, ``M_k`` the curvature at
+        its output carried down as in :meth:`loss_hessian` (per sample, ``n_Z × n_Z``)."""
+        if part == "functional":
+            return (self.diagonal(params, X, target, wrt)
+                    - self.diagonal(params, X, target, wrt, "gauss_newton"))
+        if part not in ("full", "gauss_newton"):
+            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
+                             f"{part!r}")
+        to_input = isinstance(wrt, str) and wrt == "X"
+        chosen = [[]] * self.depth if to_input else self._chosen(wrt)
+        layers = self._layers(params)
+        inputs = self._inputs(layers, X)
+        g = self._cotangents(layers, inputs, target)
+        lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
+        pieces, M = [None] * self.depth, None
+        for k in range(self.depth - 1, lowest - 1, -1):
+            module, names = self.modules[k], chosen[k]
+            args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
+            if names:
+                J_t = self._cat_last([module.jacobian(layers[k], inputs[k], name)
+                                      for name in names])
+                pieces[k] = module.diagonal(*args, wrt=names, part=part)
+                if M is not None:
+                    pieces[k] = pieces[k] + ((M @ J_t) * J_t).sum(axis=(0, 1)) / X.shape[0]
+            if k > lowest or to_input:
+                J_X = module.jacobian(layers[k], inputs[k], "X")
+                H_XX = module.loss_hessian(*args, wrt="X", part=part)
+                M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
+        if to_input:
+            return (M * self._eye(M)).sum(-1)
+        return self._cat([pieces[k] for k in range(lowest, self.depth) if chosen[k]])
+
+    def _eye(self, M: Array) -> Array:
+        n = M.shape[-1]
+        if self.backend == "torch":
+            return torch.eye(n, dtype=M.dtype, device=M.device)
+        return np.eye(n, dtype=M.dtype)
+
     def jacobian(self, params: dict[str, Array], X: Array, wrt: str) -> Array:
         """``∂vec_r(Z_N)/∂vec_r(wrt)^T`` per sample, ``(B, n_Z, n_wrt)``, ``wrt`` a name of
         ``PARAMS`` or ``"X"``: the part's own Jacobian times the input Jacobians of the
@@ -321,29 +364,40 @@ class Chain:
             J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
         return J
 
-    def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
-            wrt: str | list[str] | None = None) -> Array:
-        """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
-        ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``, or
-        with ``wrt="X"`` per sample ``(B, n_X)`` for ``v`` of shape ``(B, n_X)``,
-        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part
-        from the lowest part in ``wrt`` (each passing its output, or its input's gradient,
-        on as the next part's input, or cotangent)."""
+    @staticmethod
+    def _is_matrix(v: Array, wrt: str | list[str] | None) -> bool:
+        return getattr(v, "ndim", 1) == 2 and not (isinstance(wrt, str) and wrt == "X")
+
+    def _columns(self, product, params: dict[str, Array], X: Array, target: Array, v: Array,
+                 wrt: str | list[str] | None) -> Array:
+        """``product`` of each column of ``v`` ``(n, k)``, as the columns of ``(n, k)``."""
+        columns = [product(params, X, target, v[:, k], wrt) for k in range(v.shape[1])]
+        return torch.stack(columns, 1) if self.backend == "torch" else np.stack(columns, 1)
+
+    def _directions(self, params: dict[str, Array], v: Array,
+                    wrt: str | list[str] | None) -> tuple:
+        """``(layers, chosen, pieces, lowest, start)`` for a product with ``v`` over ``wrt``:
+        the parameters and the ``wrt`` names per part, ``v`` cut into each part's piece,
+        the lowest part visited, and the input's direction (``wrt="X"``; else None)."""
         layers = self._layers(params)
         if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
-            chosen, pieces, lowest, start = [[]] * self.depth, [None] * self.depth, 0, v
-        else:
-            chosen = self._chosen(wrt)
-            sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
-                     for k, names in enumerate(chosen)]
-            if tuple(v.shape) != (sum(sizes),):
-                raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
-                                 f"parameters concatenated), got shape {tuple(v.shape)}")
-            offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
-            pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
-                      for k in range(self.depth)]
-            lowest = min(k for k, names in enumerate(chosen) if names)
-            start = None
+            return layers, [[]] * self.depth, [None] * self.depth, 0, v
+        chosen = self._chosen(wrt)
+        sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
+                 for k, names in enumerate(chosen)]
+        if tuple(v.shape) != (sum(sizes),):
+            raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
+                             f"parameters concatenated), got shape {tuple(v.shape)}")
+        offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
+        pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
+                  for k in range(self.depth)]
+        lowest = min(k for k, names in enumerate(chosen) if names)
+        return layers, chosen, pieces, lowest, None
+
+    def _tangents(self, layers: list[dict], X: Array, chosen: list[list[str]],
+                  pieces: list, lowest: int, start: Array | None) -> tuple[list, dict]:
+        """Every part's input, and from part ``lowest`` up the tangent ``dZ_{k-1}`` of its
+        input along the direction (through each part's ``jvp``)."""
         inputs = [X]
         for k in range(lowest):
             inputs.append(self.modules[k].forward(layers[k], inputs[-1]))
@@ -352,6 +406,21 @@ class Chain:
             output, tangents[k + 1] = self.modules[k].jvp(
                 layers[k], inputs[k], pieces[k], tangents[k], wrt=chosen[k] or None)
             inputs.append(output)
+        return inputs, tangents
+
+    def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
+            wrt: str | list[str] | None = None) -> Array:
+        """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
+        ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``, or
+        with ``wrt="X"`` per sample ``(B, n_X)`` for ``v`` of shape ``(B, n_X)``,
+        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part
+        from the lowest part in ``wrt`` (each passing its output, or its input's gradient,
+        on as the next part's input, or cotangent). A matrix ``v`` of shape ``(n, k)`` gives
+        the ``k`` products as columns, ``(n, k)``."""
+        if self._is_matrix(v, wrt):
+            return self._columns(self.hvp, params, X, target, v, wrt)
+        layers, chosen, pieces, lowest, start = self._directions(params, v, wrt)
+        inputs, tangents = self._tangents(layers, X, chosen, pieces, lowest, start)
         # down: dg_k, the tangent of the cotangent g_k = ∂ℓ_b/∂Z_k, passed down with it
         products, down, cotangent = [None] * self.depth, None, target
         for k in range(self.depth - 1, lowest - 1, -1):
@@ -361,6 +430,33 @@ class Chain:
             cotangent = gradient.reshape(inputs[k].shape)
         if start is not None:
             return down
+        return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
+
+    def gnvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
+             wrt: str | list[str] | None = None) -> Array:
+        """The Gauss–Newton part of the loss Hessian over ``wrt`` times ``v`` (shapes as for
+        :meth:`hvp`), ``mean_b J_b^T (∂²ℓ_b/∂Z_N²) J_b v`` with ``J`` the whole model's
+        Jacobian: ``J v`` up through each part's ``jvp``, the top part's ``gnvp_joint``, then
+        the transposed Jacobians down through each part's ``gradient`` of its linear loss
+        (no second derivative of any part enters)."""
+        if self._is_matrix(v, wrt):
+            return self._columns(self.gnvp, params, X, target, v, wrt)
+        layers, chosen, pieces, lowest, start = self._directions(params, v, wrt)
+        inputs, tangents = self._tangents(layers, X, chosen, pieces, lowest, start)
+        top = self.depth - 1
+        products = [None] * self.depth
+        products[top], cotangent = self.modules[top].gnvp_joint(
+            layers[top], inputs[top], target, pieces[top], tangents[top],
+            wrt=chosen[top] or None)
+        for k in range(top - 1, lowest - 1, -1):
+            cotangent = cotangent.reshape(inputs[k + 1].shape)
+            if chosen[k]:
+                products[k] = self.modules[k].gradient(layers[k], inputs[k], cotangent,
+                                                       wrt=chosen[k])
+            if k > lowest or start is not None:
+                cotangent = self.modules[k].gradient(layers[k], inputs[k], cotangent, wrt="X")
+        if start is not None:
+            return cotangent
         return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
 
 

@@ -6,6 +6,7 @@ reference of the same model (float64); and the config's validation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -228,3 +229,28 @@ def convert(backend, params, X, T):
     if backend == "torch":
         return params, X, T
     return {k: v.numpy() for k, v in params.items()}, X.numpy(), T.numpy()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
+def test_diagonals_and_gauss_newton_products_equal_autograd(case, expected, backend):
+    model, params, X, T = case
+    flat, _, _, H, gauss_newton = expected
+    V = torch.randn(flat.numel(), 3, generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64)
+    if backend == "numpy":
+        model = Model(model.config, backend="numpy")
+        params, X, T, V = {k: v.numpy() for k, v in params.items()}, X.numpy(), T.numpy(), V.numpy()
+    V_ = torch.as_tensor(V)
+    full, gn = torch.diagonal(H), torch.diagonal(gauss_newton)
+    assert relative(model.diagonal(params, X, T), full) <= 1e-10
+    assert relative(model.diagonal(params, X, T, part="gauss_newton"), gn) <= 1e-10
+    assert float((torch.as_tensor(model.diagonal(params, X, T, part="functional"))
+                  - (full - gn)).abs().max() / full.abs().max()) <= 1e-10
+    assert relative(model.gnvp(params, X, T, V[:, 0]), gauss_newton @ V_[:, 0]) <= 1e-10
+    assert relative(model.gnvp(params, X, T, V), gauss_newton @ V_) <= 1e-10
+    assert relative(model.hvp(params, X, T, V), H @ V_) <= 1e-10
+    wrt = ["blocks.1.W_Q", "head.b_H"]
+    sizes = [int(np.prod(params[m].shape)) for m in model.PARAMS]
+    index = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
+                                    sum(sizes[:model.PARAMS.index(n) + 1])) for n in wrt])
+    assert relative(model.diagonal(params, X, T, wrt=wrt), full[index]) <= 1e-10

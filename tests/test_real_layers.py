@@ -189,8 +189,8 @@ def test_loss_hessian_in_the_layers_order_equals_autograd(case):
     assert relative(mine, H) <= 1e-10
 
 
-def test_gauss_newton_part_equals_autograd(case):
-    layer, c, X, T, _ = case
+def gauss_newton_reference(layer, X, T) -> torch.Tensor:
+    """``J^T (∂²ℓ/∂Z²) J`` with every factor from autograd on the layer."""
     params = dict(layer.named_parameters())
     names = list(params)
 
@@ -202,8 +202,35 @@ def test_gauss_newton_part_equals_autograd(case):
             out, tuple(params.values()))], dim=1)
         Z = out(*(p.detach() for p in params.values()))
     Hz = torch.autograd.functional.hessian(lambda z: F.mse_loss(z.reshape(T.shape), T), Z)
-    GN = J.T @ Hz @ J  # every factor from autograd
-    assert relative(c.loss_hessian(X, T, part="gauss_newton"), GN) <= 1e-10
+    return J.T @ Hz @ J
+
+
+def test_gauss_newton_part_equals_autograd(case):
+    layer, c, X, T, _ = case
+    assert relative(c.loss_hessian(X, T, part="gauss_newton"),
+                    gauss_newton_reference(layer, X, T)) <= 1e-10
+
+
+def test_diagonals_products_and_operator_in_the_layers_order_equal_autograd(case):
+    layer, c, X, T, H = case
+    GN = gauss_newton_reference(layer, X, T)
+    assert relative(c.diagonal(X, T), torch.diagonal(H)) <= 1e-10
+    assert relative(c.diagonal(X, T, part="gauss_newton"), torch.diagonal(GN)) <= 1e-10
+    V = torch.randn(H.shape[0], 3, generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64)
+    assert relative(c.gnvp(X, T, V), GN @ V) <= 1e-10
+    for part, dense in (("full", H), ("gauss_newton", GN), ("functional", H - GN)):
+        operator = c.hessian_operator(X, T, part=part)
+        assert operator.shape == H.shape
+        assert float((operator @ V - dense @ V).abs().max() / (H @ V).abs().max()) <= 1e-10
+    # the largest eigenvalues by scipy's Lanczos on the operator, the trace from the diagonal
+    eigsh = extra_module("scipy.sparse.linalg").eigsh
+    top = eigsh(c.hessian_operator(X, T).to_scipy(), k=2, which="LA", tol=1e-13)[0]
+    expected = torch.linalg.eigvalsh(H)[-2:]
+    assert float(abs(torch.as_tensor(sorted(top)) - expected).max()
+                 / expected.abs().max()) <= 1e-10
+    trace = torch.trace(H)
+    assert abs(float(c.diagonal(X, T).sum() - trace)) <= 1e-10 * float(torch.diagonal(H).abs().sum())
 
 
 def test_gradient_in_the_layers_order_equals_autograd(case):

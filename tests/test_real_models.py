@@ -219,3 +219,12 @@ def test_a_vit_has_no_input_blocks():
     images = torch.randn(B, 2, 4, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="wrt: 'X' is offered for models taking rows"):
         c.loss_hessian(images, torch.zeros(B, dtype=torch.long), wrt="X")
+
+
+def test_diagonal_and_operator_in_the_models_order_equal_autograd(case):
+    model, _, X, T, loss, (_, _, H) = case
+    c = curvgap.curvature(model, loss=loss)
+    assert relative(c.diagonal(X, T), torch.diagonal(H)) <= 1e-10
+    V = torch.randn(H.shape[0], 2, generator=torch.Generator().manual_seed(3),
+                    dtype=torch.float64)
+    assert relative(c.hessian_operator(X, T) @ V, H @ V) <= 1e-10
