@@ -15,6 +15,7 @@ import torch
 
 from ..codegen.cache import module_for
 from ..operators.hessian import CurvatureOperator, part_product
+from ..operators.kronecker import KroneckerSum, kronecker_block
 from .layers import flat_index
 from .recognise import recognise
 
@@ -31,6 +32,7 @@ class Curvature:
         # where each entry of the module's parameters lives in the layer's flat vector
         index = flat_index(layer)
         mapped = self.recognised.ours(index)
+        self._index, self._entries = index, mapped
         self._ours = [name for name, _ in self.module.PARAMS]
         self._position = {name: mapped[name].reshape(-1) for name in self._ours}
         self._owner = {name: next(n for n, entries in index.items()
@@ -138,6 +140,47 @@ class Curvature:
             return self.module.diagonal(self.params(), X, T, wrt="X", part=part)
         ours, back = self._ours_of(wrt)
         return self.module.diagonal(self.params(), X, T, wrt=ours, part=part)[back]
+
+    def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
+                        wrt_j: str | None = None, part: str = "full") -> KroneckerSum:
+        """The loss-Hessian block ``(wrt_i, wrt_j)`` (layer parameter names; ``wrt_j``
+        default ``wrt_i``) as its Kronecker factors in the layer's layout
+        (:class:`~curvgap.operators.KroneckerSum`), where the block is exactly such a sum for
+        this architecture and each name is one whole matrix of the module (held as it is or
+        transposed: ``A ⊗ B`` of the module's layout is ``B ⊗ A`` in the transposed one)."""
+        first, flip_i = self._whole(wrt_i, "wrt_i")
+        second, flip_j = self._whole(wrt_i if wrt_j is None else wrt_j, "wrt_j")
+        if (first, second, part) not in self.module.STRUCTURED:
+            blocks = [f"({self._owner[v]}, {self._owner[w]}, {p!r})"
+                      for v, w, p in self.module.STRUCTURED]
+            raise ValueError(f"wrt_i, wrt_j: expected a block that is exactly a sum of "
+                             f"Kronecker products in this layer ({', '.join(blocks) or 'none'}"
+                             f"), got ({wrt_i}, {wrt_j or wrt_i}, {part!r})")
+        block = kronecker_block(self.module, self.params(), X, T, first, second, part)
+        if flip_i != flip_j:
+            raise ValueError(f"wrt_i, wrt_j: expected parameters held alike (both as the "
+                             f"module's {first}, {second} or both transposed), got "
+                             f"{wrt_i!r}, {wrt_j!r}")
+        if not flip_i:
+            return block
+        swapped = [(B, A) for A, B in block.products]
+        return KroneckerSum(swapped, block.right_shape, block.left_shape)
+
+    def _whole(self, name: str, argument: str) -> tuple[str, bool]:
+        """The module's parameter that is exactly the layer's parameter ``name``, and whether
+        the layer holds it transposed."""
+        if name not in self._index:
+            raise ValueError(f"{argument}: expected a name of the layer's parameters "
+                             f"{self.names}, got {name!r}")
+        entries = self._index[name]
+        for ours in self._ours:
+            held = self._entries[ours]
+            if held.shape == entries.shape and torch.equal(held, entries):
+                return ours, False
+            if held.ndim == 2 and held.T.shape == entries.shape and torch.equal(held.T, entries):
+                return ours, True
+        raise ValueError(f"{argument}: expected a parameter that is one whole matrix of the "
+                         f"module ({name!r} holds parts of several, or part of one)")
 
     def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
                          wrt: str | list[str] | None = None,

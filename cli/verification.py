@@ -1,8 +1,9 @@
 """The verification table of ``curvgap generate``: each generated module against
 ``torch.func`` at small sizes, skipped for a module verified before in the same form.
 
-A pass is remembered by the SHA-256 of the module's text, the sizes, the tolerance and the
-torch version, in ``$CURVGAP_CACHE`` (default ``~/.cache/curvgap``)``/verified.json``.
+A pass is remembered by the SHA-256 of the module's text, of the checks'
+(:mod:`curvgap.codegen.verify`), the sizes, the tolerance and the torch version, in
+``$CURVGAP_CACHE`` (default ``~/.cache/curvgap``)``/verified.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..codegen import verify as checks
 from ..codegen.verify import check_module
 from ..derivations.config import Config
 
@@ -60,6 +62,7 @@ def _write_cache(cache: dict) -> None:
 
 def _key(path: Path, dims: dict[str, int]) -> str:
     digest = hashlib.sha256(path.read_bytes())
+    digest.update(Path(checks.__file__).read_bytes())  # new checks run on old modules too
     digest.update(json.dumps([dims, TOLERANCE, torch.__version__]).encode())
     return digest.hexdigest()
 

@@ -25,6 +25,9 @@ _PURPOSES = (
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
     ("hvp_joint", "the Hessian-vector product along one direction in every variable"),
     ("gnvp_joint", "the Gauss–Newton-vector product along one direction in every variable"),
+    ("kronecker_gauss_newton_", "the Kronecker factors of the Gauss–Newton block ({0}, {1})"),
+    ("kronecker_functional_", "the Kronecker factors of the functional block ({0}, {1})"),
+    ("kronecker_full_", "the Kronecker factors of the loss-Hessian block ({0}, {1})"),
     ("diagonal_gauss_newton_", "the diagonal of the Gauss–Newton block ({0}, {0})"),
     ("diagonal_functional_", "the diagonal of the functional block ({0}, {0})"),
     ("hvp_", "Hessian-vector products in {0}"),
@@ -108,5 +111,6 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         joint_directions=der.nodes("hvp_joint", key="direction"),
         diagonal=der.nodes("diagonal", ("gauss_newton", "functional")),
         joint_gnvp=der.nodes("gnvp_joint"),
+        kronecker=der.structured,
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

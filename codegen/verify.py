@@ -254,6 +254,8 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
         label = "params" if wrt != ["X"] else "X"
         full = ref.loss_hessian(wrt)
         gn = ref.gauss_newton(wrt)
+        if wrt == names:
+            errors.update(_check_kronecker(module, ref, conv, names, full, gn))
         arg = wrt if wrt != ["X"] else "X"
         errors[f"loss_hessian[{label}]"] = relative_error(
             module.loss_hessian(P, Xb, Tb, wrt=arg), full)
@@ -296,6 +298,29 @@ def check_module(config: Config, module: ModuleType, backend: str, dims: dict[st
         errors["loss_hessian_mixed[X,params].functional"] = relative_error(
             module.loss_hessian_mixed(P, Xb, Tb, part="functional"), full - gn, full)
     errors.update(_check_joint(module, ref, conv, names, jacobians, gen))
+    return errors
+
+
+def _check_kronecker(module: ModuleType, ref: Reference, conv, names: list[str],
+                     full: torch.Tensor, gauss_newton: torch.Tensor) -> dict[str, float]:
+    """Each block of ``STRUCTURED``, its Kronecker products summed densely, against the
+    autograd block (measured against the whole ``part``)."""
+    sizes = [ref.params[name].numel() for name in names]
+    starts = dict(zip(names, np.cumsum([0, *sizes[:-1]])))
+    dense = {"full": full, "gauss_newton": gauss_newton, "functional": full - gauss_newton}
+    errors = {}
+    P = {k: conv(value) for k, value in ref.params.items()}
+    for v, w, part in module.STRUCTURED:
+        (p, q), (p2, q2) = ref.params[v].shape, ref.params[w].shape
+        block = 0
+        for A, B in module.kronecker_factors(P, conv(ref.X), conv(ref.target), v, w, part):
+            A = torch.eye(p, p2, dtype=full.dtype) if A is None else torch.as_tensor(A)
+            B = torch.eye(q, q2, dtype=full.dtype) if B is None else torch.as_tensor(B)
+            block = block + torch.kron(A, B)
+        rows = slice(starts[v], starts[v] + p * q)
+        columns = slice(starts[w], starts[w] + p2 * q2)
+        errors[f"kronecker[{v},{w}].{part}"] = relative_error(
+            block, dense[part][rows, columns], full)
     return errors
 
 

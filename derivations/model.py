@@ -21,6 +21,9 @@ derives, as groups of index-form assignments (each group becomes one generated f
                             ``gauss_newton`` or ``functional``), shaped as ``V``: the
                             block's expression with its two directions identified, so the
                             block itself is never formed;
+``kronecker_<part>_V_W``    the factors of a block over two matrix parameters that is exactly
+                            a sum of Kronecker products ``Σ_k A_k ⊗ B_k`` (:mod:`.kronecker`;
+                            ``structured`` lists them, ``None`` marking an identity);
 ``gnvp_joint``              the Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` times one joint
                             direction: forward mode over the loss and the adjoints with the
                             network's nodes held fixed (only ``Z`` moves, along ``J u``).
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import attention, calculus, embedding, ffn, head, losses, normalization, sizes
+from . import attention, calculus, embedding, ffn, head, kronecker, losses, normalization, sizes
 from .config import Config
 from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index, Term
@@ -91,6 +94,10 @@ class Derivation:
     external_shapes: dict[str, tuple[str, ...]]
     groups: dict[str, Group] = field(default_factory=dict)
     quantities: list[Quantity] = field(default_factory=list)
+    #: ``(V, W, part)`` → the output nodes ``(A_k, B_k)`` of each Kronecker product of the
+    #: block (``None``: an identity), for the blocks that are exactly such sums
+    structured: dict[tuple[str, str, str], list[tuple[str | None, str | None]]] = field(
+        default_factory=dict)
 
     @property
     def variables(self) -> list[Tensor]:
@@ -299,6 +306,9 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
                     g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
         if v == w:
             _diagonals(der, v, requires, tangents[v].indices, renamed, blocks, mean)
+        if mean and all(len(t.indices) == 2 and t.name not in der.external_shapes
+                        for t in (first, second)):
+            _kronecker_factors(der, v, w, requires, {**blocks, "full": whole})
 
 
 def _diagonals(der: Derivation, v: str, requires: tuple[str, ...],
@@ -313,6 +323,28 @@ def _diagonals(der: Derivation, v: str, requires: tuple[str, ...],
             diagonal = Expr([t.renamed(identified) for t in block.terms], indices)
             der.add("diagonal", (v,), der.graph.output(
                 f"diagonal_{part}_{v}", diagonal.simplified(), mean_over_batch=mean), part)
+
+
+def _kronecker_factors(der: Derivation, v: str, w: str, requires: tuple[str, ...],
+                       blocks: dict[str, Expr]) -> None:
+    """Groups ``kronecker_<part>_V_W``: for each part of the block ``(V, W)`` that is exactly
+    a sum of Kronecker products, the factors ``A_k`` (``(p, p')``) and ``B_k``
+    (``(q, q')``), averaged over the batch."""
+    g = der.graph
+    for part, block in blocks.items():
+        products = kronecker.kronecker_products(g, block)
+        if not products:
+            continue
+        nodes = []
+        with der.add_group(f"kronecker_{part}_{v}_{w}", requires):
+            for k, product in enumerate(products):
+                names = []
+                for side, factor in (("left", product.left), ("right", product.right)):
+                    names.append(None if factor is None else g.output(
+                        f"kronecker_{part}_{v}_{w}_{k}_{side}", factor,
+                        mean_over_batch=True).name)
+                nodes.append(tuple(names))
+        der.structured[v, w, part] = nodes
 
 
 def _gradients(der: Derivation, adjoints: dict[str, Expr]) -> None:

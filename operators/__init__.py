@@ -2,5 +2,6 @@
 real layers and models."""
 
 from .hessian import CurvatureOperator, hessian_operator
+from .kronecker import KroneckerSum, kronecker_block
 
-__all__ = ["CurvatureOperator", "hessian_operator"]
+__all__ = ["CurvatureOperator", "KroneckerSum", "hessian_operator", "kronecker_block"]

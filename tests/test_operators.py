@@ -1,7 +1,8 @@
 """Curvature operators of a generated module (``curvgap.operators.hessian_operator``): each
 part's products with vectors and matrices, scipy's eigenvalues and the trace from the exact
-diagonal against the ``torch.func`` Hessian of the same loss (float64), on both backends; and
-curvlinops' estimators taking the operator as it is."""
+diagonal against the ``torch.func`` Hessian of the same loss (float64), on both backends;
+curvlinops' estimators taking the operator as it is; and the structured (Kronecker) blocks
+against their dense autograd forms, on modules and on a real layer."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 import torch
 from conftest import extra_module
 
+import curvgap
 from curvgap.codegen.cache import module_for
 from curvgap.codegen.generate import load_configs
 from curvgap.codegen.verify import Reference, random_case
-from curvgap.operators import hessian_operator
+from curvgap.operators import hessian_operator, kronecker_block
 
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}  # every size differs
 
@@ -95,3 +97,77 @@ def test_bad_operator_inputs_are_refused(case):
         operator @ torch.zeros(3, dtype=torch.float64)
     with pytest.raises(TypeError, match=r"V: expected a torch tensor"):
         operator @ np.zeros(16)
+
+
+def structured_case(name: str, backend: str, dims: dict):
+    config = next(c for c in load_configs() if c.name == name)
+    module = module_for(config, backend)
+    params, X, T = random_case(module, dims, 3, seed=1)
+    names = [n for n, _ in module.PARAMS]
+    reference = Reference(config, module, params, X, T)
+    dense = {"full": reference.loss_hessian(names), "gauss_newton": reference.gauss_newton(names)}
+    if backend == "numpy":
+        params, X, T = {k: v.numpy() for k, v in params.items()}, X.numpy(), T.numpy()
+    return module, params, X, T, names, dense
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("name, block", [("self_attention", "W_V"), ("ffn", "W_2")])
+def test_structured_blocks_equal_their_dense_forms(name, block, backend):
+    # L > d so that the block is invertible (its factor is a sum of L-row Gram matrices)
+    module, params, X, T, names, dense = structured_case(
+        name, backend, {"L": 7, "d": 4, "d_k": 3, "d_ff": 5})
+    sizes = [int(np.prod(np.shape(params[n]))) for n in names]
+    start = sum(sizes[:names.index(block)])
+    rows = slice(start, start + sizes[names.index(block)])
+    assert (block, block, "gauss_newton") in module.STRUCTURED
+    for part in ("full", "gauss_newton"):
+        expected = dense[part][rows, rows]
+        structured = kronecker_block(module, params, X, T, block, part=part)
+        assert structured.shape == expected.shape
+        assert relative(structured.to_dense(), expected, expected) <= 1e-12
+        V = torch.randn(expected.shape[0], 2, generator=torch.Generator().manual_seed(0),
+                        dtype=torch.float64)
+        assert relative(structured @ V, expected @ V, expected @ V) <= 1e-12
+        values = torch.linalg.eigvalsh(expected)
+        assert relative(structured.eigvalsh(), values, values) <= 1e-10
+        solution = structured.solve(V)
+        assert relative(expected @ solution, V, V) <= 1e-8 * float(values[-1] / values[0])
+
+
+def test_unstructured_blocks_are_refused_naming_the_structured_ones():
+    module, params, X, T, _, _ = structured_case("self_attention", "torch",
+                                                 {"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
+    with pytest.raises(ValueError, match=r"wrt_i, wrt_j: expected a block of STRUCTURED "
+                                         r"\[\('W_V', 'W_V', 'gauss_newton'\), \('W_V', 'W_V', "
+                                         r"'full'\)\] .*got \('W_Q', 'W_Q', part='full'\)"):
+        kronecker_block(module, params, X, T, "W_Q")
+    structured = kronecker_block(module, params, X, T, "W_V")
+    with pytest.raises(ValueError, match=r"v: expected shape \(16,\) or \(16, k\)"):
+        structured @ torch.zeros(3, dtype=torch.float64)
+
+
+def test_a_real_layers_structured_block_in_its_own_layout():
+    """``linear2.weight`` is ``W_2^T``: its block is ``B ⊗ A`` of the module's ``A ⊗ B``."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(6, 2, dim_feedforward=5, dropout=0.0,
+                                             batch_first=True, norm_first=True,
+                                             dtype=torch.float64)
+    c = curvgap.curvature(layer)
+    X = torch.randn(2, 7, 6, dtype=torch.float64)
+    T = torch.randn(2, 7, 6, dtype=torch.float64)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        H = torch.autograd.functional.hessian(
+            lambda w: torch.nn.functional.mse_loss(torch.func.functional_call(
+                layer, {"linear2.weight": w.reshape(6, 5)}, (X,)), T),
+            layer.linear2.weight.detach().reshape(-1))
+    structured = c.kronecker_block(X, T, "linear2.weight")
+    assert relative(structured.to_dense(), H, H) <= 1e-10
+    assert relative(structured.eigvalsh(), torch.linalg.eigvalsh(H), H) <= 1e-10
+    with pytest.raises(ValueError, match=r"expected a block that is exactly a sum of Kronecker "
+                                         r"products in this layer \(\(linear2.weight, "
+                                         r"linear2.weight, 'gauss_newton'\), .*got "
+                                         r"\(linear1.weight, linear1.weight, 'full'\)"):
+        c.kronecker_block(X, T, "linear1.weight")
+    with pytest.raises(ValueError, match=r"wrt_i: expected a parameter that is one whole matrix"):
+        c.kronecker_block(X, T, "self_attn.in_proj_weight")
