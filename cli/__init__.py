@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                                               "and curvlinops")
     bench.add_argument("--config", default="paper_block", help="a shipped config name")
     bench.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (a smoke test)")
+    bench.add_argument("--scale", action="store_true",
+                       help="the HVP, Gauss–Newton product, diagonal, structured block and "
+                            "dense-block memory from the headline size to GPT-2 width")
     bench.add_argument("--out", metavar="DIR", default="bench-results",
                        help="where bench.json and bench.png go (default: bench-results/)")
     latex = commands.add_parser("latex", help="write one config's formulas as a LaTeX document")
@@ -169,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"curvgap: error: {missing}", file=sys.stderr)
         return 2
+    if args.command == "bench" and args.scale:
+        from ..benchmarks.scale import run_scale
+
+        run_scale(args.config, args.quick, Path(args.out))
+        return 0
     if args.command == "bench":
         from ..benchmarks.suite import run
 

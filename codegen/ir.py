@@ -84,6 +84,14 @@ class Assign:
 
 
 @dataclass(frozen=True)
+class Scale:
+    """``target *= coeff`` in place (a fresh product scaled without a second array)."""
+
+    target: str
+    coeff: sp.Expr
+
+
+@dataclass(frozen=True)
 class Accumulate:
     """``view(target) += coeff * value[broadcast]``; ``tie`` is an einsum spec such as
     ``"bijj->bij"`` that selects the entries where tied indices are equal (None: all);

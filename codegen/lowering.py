@@ -410,7 +410,8 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
 
 def make_arrays_from_products(statements: list) -> list:
     """A node's zeros followed by a first accumulation of a full product (a fresh array
-    that nothing else reads) become that product: no zeros to add to."""
+    that nothing else reads) become that product, scaled in place: no zeros to add to,
+    and no second array of the node's size."""
     contracts = {s.result: position for position, s in enumerate(statements)
                  if isinstance(s, ir.Contract)}
     uses: dict[str, int] = {}
@@ -434,10 +435,9 @@ def make_arrays_from_products(statements: list) -> list:
                 or len(contract.spec.split("->")[1]) != len(statements[start].shape)):
             continue
         out[start] = out[position] = None
-        if statement.coeff == 1:
-            out[source] = dataclasses.replace(contract, result=statement.target)
-        else:
-            out[position] = ir.Assign(statement.target, contract.result, statement.coeff)
+        out[source] = dataclasses.replace(contract, result=statement.target)
+        if statement.coeff != 1:
+            out[position] = ir.Scale(statement.target, statement.coeff)
     return [statement for statement in out if statement is not None]
 
 

@@ -58,7 +58,9 @@ def test_printed_call_equals_einsum(spec, kind):
         printer = backend.printer()
         for row_major in (False, True):
             line = printer.statement(Contract("out", spec, names, row_major))
+            helper = importlib.import_module(f"curvgap.generated.{backend.name}.ffn")
             scope = {printer.module: importlib.import_module(backend.array_module),
+                     "_row_major_einsum": helper._row_major_einsum,
                      **{n: backend.from_torch(torch.from_numpy(a)) for n, a in zip(names, arrays)}}
             exec(line, scope)  # noqa: S102 - a generated line of our own printer
             result = np.asarray(scope["out"])
@@ -66,3 +68,19 @@ def test_printed_call_equals_einsum(spec, kind):
             assert result.shape == expected.shape
             if row_major or kind is calls.Permute:
                 assert result.flags["C_CONTIGUOUS"], line
+
+
+@pytest.mark.parametrize("spec", ["bfad,bfce->acde", "bacd,bc->abd", "ab,bc->ca"])
+def test_a_large_row_major_einsum_made_in_slices_equals_einsum(spec, monkeypatch):
+    rng = np.random.default_rng(1)
+    inputs = spec.split("->")[0].split(",")
+    arrays = [rng.standard_normal([SIZES[c] for c in s]) for s in inputs]
+    expected = np.einsum(spec, *arrays)
+    for backend in MODULE_BACKENDS:
+        module = importlib.import_module(f"curvgap.generated.{backend.name}.ffn")
+        monkeypatch.setattr(module, "_SLICED", 0)  # every result is "large"
+        result = module._row_major_einsum(spec, *(backend.from_torch(torch.from_numpy(a))
+                                                  for a in arrays))
+        result = np.asarray(result)
+        assert result.flags["C_CONTIGUOUS"]
+        np.testing.assert_allclose(result, expected, rtol=1e-14, atol=1e-14)

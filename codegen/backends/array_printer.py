@@ -68,11 +68,22 @@ class ArrayPrinter(PythonCodePrinter):
         return self._print(node)
 
     def _print_Elementwise(self, node: ir.Elementwise) -> str:
+        """``result = fn(argument)``, its repeated subexpressions (a ``tanh`` that a GELU's
+        derivatives read four times) computed once (SymPy's ``cse``) and freed after."""
         body = node.fn.subs(node.variable, sp.Symbol(node.argument))
-        return f"{node.result} = {self._print(body)}"
+        shared, (reduced,) = sp.cse(body, symbols=sp.numbered_symbols(f"{node.result}_"))
+        lines = [f"{s} = {self._print(e)}" for s, e in shared]
+        lines.append(f"{node.result} = {self._print(reduced)}")
+        if shared:
+            lines.append(f"del {', '.join(str(s) for s, _ in shared)}")
+        return "\n".join(lines)
 
     def _print_Contract(self, node: ir.Contract) -> str:
         call = calls.classify(node.spec)
+        if node.row_major and call is None and len(node.operands) == 2:
+            # the module's helper: a large result in slices, never held twice
+            return (f'{node.result} = _row_major_einsum("{node.spec}", '
+                    f'{", ".join(node.operands)})')
         value = self.contraction(call, node.spec, node.operands)
         if node.row_major and not isinstance(call, calls.Matmul):
             value = self.row_major(value)  # a matmul's result is row-major already
@@ -157,6 +168,9 @@ class ArrayPrinter(PythonCodePrinter):
     def _print_Assign(self, node: ir.Assign) -> str:
         value = self._scaled(node.value, node.coeff)
         return f"{node.result} = {self.row_major(value) if node.row_major else value}"
+
+    def _print_Scale(self, node: ir.Scale) -> str:
+        return f"{node.target} *= {self.coefficient(node.coeff)}"
 
     def _print_Accumulate(self, node: ir.Accumulate) -> str:
         value = node.value
