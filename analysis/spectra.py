@@ -1,19 +1,21 @@
 """Spectral and Frobenius norms of loss Hessians: dense, by block, and Lanczos on an HVP.
 
 For a symmetric Hessian ``H`` (``n×n``), ``‖H‖₂ = max_k |λ_k(H)|``. Small ``n``: dense
-``eigvalsh``. Larger ``n``: Lanczos (``scipy.sparse.linalg.eigsh``, ``which="LM"``) on a
-``LinearOperator`` whose matvec is a Hessian-vector product, so ``H`` is never formed.
+``eigvalsh``. Larger ``n``: Lanczos (``scipy.sparse.linalg.eigsh``, ``which="LM"``) on the
+Hessian as an operator (:func:`curvgap.operators.hessian_operator`, products through the generated
+``hvp``), so ``H`` is never formed.
 A rectangular block ``B`` (``n_i×n_j``) has ``‖B‖₂ = σ_max(B)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator, eigsh
+
+from ..operators import hessian_operator
 
 #: Above this many parameters the Hessian's norm is taken by Lanczos, not densely.
 DENSE_LIMIT = 1500
@@ -29,25 +31,16 @@ def symmetric_spectral_norm(H: torch.Tensor) -> float:
     return float(torch.linalg.eigvalsh(H).abs().max())
 
 
-def lanczos_spectral_norm(matvec: Callable[[np.ndarray], np.ndarray], n: int,
-                          seed: int = 0, tol: float = 1e-10) -> float:
-    """``max_k |λ_k(H)|`` of the symmetric ``H`` (``n×n``) that ``matvec`` applies, by
-    Lanczos (ARPACK ``eigsh``, one eigenvalue of largest magnitude)."""
-    operator = LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+def lanczos_spectral_norm(operator: LinearOperator, seed: int = 0, tol: float = 1e-10
+                          ) -> float:
+    """``max_k |λ_k(H)|`` of the symmetric ``H`` (``n×n``) that the scipy ``operator``
+    applies (such as ``hessian_operator(...).to_scipy()``), by Lanczos (ARPACK ``eigsh``,
+    one eigenvalue of largest magnitude)."""
+    n = operator.shape[0]
     start = np.random.default_rng(seed).standard_normal(n)
     values = eigsh(operator, k=1, which="LM", v0=start, tol=tol, ncv=min(n, 24),
                    maxiter=50 * n, return_eigenvectors=False)
     return float(np.abs(values).max())
-
-
-def hvp_operator(module: ModuleType, params: dict, X: torch.Tensor, target: torch.Tensor,
-                 wrt: list[str] | None = None) -> Callable[[np.ndarray], np.ndarray]:
-    """``v ↦ H v`` with ``H`` the loss Hessian of a generated module over ``wrt`` (the
-    module's ``hvp``; the Hessian is never formed)."""
-    def matvec(v: np.ndarray) -> np.ndarray:
-        v = torch.as_tensor(np.ascontiguousarray(v).reshape(-1), dtype=X.dtype)
-        return module.hvp(params, X, target, v, wrt).numpy()
-    return matvec
 
 
 def parameter_count(module: ModuleType, params: dict, wrt: list[str] | None = None) -> int:
@@ -63,7 +56,7 @@ def hessian_norm(module: ModuleType, params: dict, X: torch.Tensor, target: torc
     n = parameter_count(module, params, wrt)
     if n <= DENSE_LIMIT:
         return symmetric_spectral_norm(module.loss_hessian(params, X, target, wrt))
-    return lanczos_spectral_norm(hvp_operator(module, params, X, target, wrt), n)
+    return lanczos_spectral_norm(hessian_operator(module, params, X, target, wrt).to_scipy())
 
 
 def block_slices(module: ModuleType, params: dict) -> dict[str, slice]:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from ..generated.torch import paper_block
+from ..operators import hessian_operator
 from .spectra import (
     block_norms,
     block_slices,
-    hvp_operator,
     lanczos_spectral_norm,
     symmetric_spectral_norm,
 )
@@ -90,7 +90,7 @@ def structure(params: dict, X: torch.Tensor, target: torch.Tensor) -> Structure:
     twice: dense ``eigvalsh`` of ``H`` and Lanczos on the generated ``hvp``."""
     H = paper_block.loss_hessian(params, X, target)
     slices = block_slices(paper_block, params)
-    lanczos = lanczos_spectral_norm(hvp_operator(paper_block, params, X, target), H.shape[0])
+    lanczos = lanczos_spectral_norm(hessian_operator(paper_block, params, X, target).to_scipy())
     return Structure(H, slices, block_norms(H, slices), symmetric_spectral_norm(H), lanczos,
                      float(paper_block.loss(params, X, target)))
 

@@ -27,6 +27,7 @@ import torch
 
 from ..codegen.resources import MODEL_CONFIGS
 from ..models import Model
+from ..operators import CurvatureOperator
 from .spectra import lanczos_spectral_norm, symmetric_spectral_norm
 
 MODEL = Model(MODEL_CONFIGS / "digits_vit.toml")
@@ -120,26 +121,22 @@ def train(data: Digits, epochs: int, batch: int = 64, lr: float = 3e-3, seed: in
     return {k: v.detach() for k, v in params.items()}, losses
 
 
-def sample_hvp(params: dict, patch: torch.Tensor, label: torch.Tensor
-               ) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
-    """``(v ↦ ∇²_w ℓ_i v, n)`` for one sample, ``w`` every parameter (``vec_r`` of each,
-    concatenated in ``PARAMS`` order): the model's exact ``hvp``, the Hessian never
-    formed."""
+def sample_hessian_operator(params: dict, patch: torch.Tensor, label: torch.Tensor
+                            ) -> CurvatureOperator:
+    """``∇²_w ℓ_i`` for one sample as an operator, ``w`` every parameter (``vec_r`` of each,
+    concatenated in ``PARAMS`` order): products through the model's exact ``hvp``, the
+    Hessian never formed."""
     X, T = patch[None], label.reshape(1, 1)
-
-    def matvec(v: np.ndarray) -> np.ndarray:
-        direction = torch.as_tensor(np.ascontiguousarray(v).reshape(-1))
-        return MODEL.hvp(params, X, T, direction).numpy()
-
-    return matvec, sum(params[name].numel() for name in PARAMS)
+    n = sum(params[name].numel() for name in PARAMS)
+    return CurvatureOperator(lambda V: MODEL.hvp(params, X, T, V), n, X.dtype, X.device)
 
 
 def sample_hessian_norm(params: dict, patch: torch.Tensor, label: torch.Tensor,
                         seed: int = 0) -> float:
     """``‖∇²_w ℓ_i‖₂`` over every parameter for one sample, by Lanczos on
-    :func:`sample_hvp`."""
-    matvec, n = sample_hvp(params, patch, label)
-    return lanczos_spectral_norm(matvec, n, seed=seed, tol=1e-8)
+    :func:`sample_hessian_operator`."""
+    return lanczos_spectral_norm(sample_hessian_operator(params, patch, label).to_scipy(),
+                                 seed=seed, tol=1e-8)
 
 
 @dataclass

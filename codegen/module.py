@@ -25,6 +25,7 @@ _PURPOSES = (
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
     ("hvp_joint", "the Hessian-vector product along one direction in every variable"),
     ("gnvp_joint", "the Gauss–Newton-vector product along one direction in every variable"),
+    ("gnvp_params", "Gauss–Newton-vector products in the parameters"),
     ("kronecker_gauss_newton_", "the Kronecker factors of the Gauss–Newton block ({0}, {1})"),
     ("kronecker_functional_", "the Kronecker factors of the functional block ({0}, {1})"),
     ("kronecker_full_", "the Kronecker factors of the loss-Hessian block ({0}, {1})"),
@@ -34,6 +35,7 @@ _PURPOSES = (
     ("jvp", "the output's directional derivative along every variable"),
     ("gradient", "the loss gradient ∂ℓ/∂V of every variable"),
     ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
+    ("loss_adjoints", "adjoints ∂ℓ/∂node of the loss's nodes and of Z (reverse mode)"),
     ("forward", "the forward pass"),
     ("loss", "the per-sample loss"),
 )
@@ -110,7 +112,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         joint_gradient=der.nodes("joint_gradient")["X"],
         joint_directions=der.nodes("hvp_joint", key="direction"),
         diagonal=der.nodes("diagonal", ("gauss_newton", "functional")),
-        joint_gnvp=der.nodes("gnvp_joint"),
+        joint_gnvp=der.nodes("gnvp_joint"), gnvp=der.nodes("gnvp_params"),
         kronecker=der.structured,
         functions=functions, output=der.output.name,
         loss_node=der.loss.name)

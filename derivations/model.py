@@ -10,7 +10,8 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``jacobian_V``              ``∂Z/∂V`` as a dense array ``(L, d, *shape(V))``;
 ``second_V_W``              ``∂²Z/∂V∂W``, dense ``(L, d, *shape(V), *shape(W))``;
 ``loss_tangent_V``          tangents of the loss nodes;
-``adjoints``                ``∂ell/∂node`` for every node (reverse mode);
+``loss_adjoints``           ``∂ell/∂node`` for the loss's nodes and ``Z`` (reverse mode);
+``adjoints``                ``∂ell/∂node`` for every node of the network;
 ``loss_hessian_V_W``        Gauss–Newton and functional parts of the loss Hessian block
                             ``(*shape(V), *shape(W))``: the second-order adjoint method
                             (``V = X``: per sample, with ``W = X`` or a parameter);
@@ -225,10 +226,13 @@ def derive(config: Config) -> Derivation:
     der.groups["loss"] = Group("loss", ("forward",))
     tangents = _first_order(der)
     _output_hessians(der, tangents)
-    with der.add_group("adjoints", ("loss",)):
+    # the loss's adjoints first (down to ∂ℓ/∂Z), then the network's: a Gauss–Newton
+    # product reads the first and not the second
+    with der.add_group("loss_adjoints", ("loss",)):
         seed = Expr([Term(sp.Integer(1))]).with_free(())
-        adjoints = calculus.propagate_adjoints(g, g.in_group("forward") + g.in_group("loss"),
-                                               ell, seed)
+        adjoints = calculus.propagate_adjoints(g, g.in_group("loss"), ell, seed)
+    with der.add_group("adjoints", ("loss_adjoints",)):
+        adjoints |= calculus.propagate_adjoints(g, g.in_group("forward"), Z, adjoints[Z.name])
     _loss_hessians(der, tangents, adjoints)
     _gradients(der, adjoints)
     _hessian_vector_products(der, adjoints)
@@ -360,7 +364,8 @@ def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None
     """Groups ``hvp_params`` and ``hvp_X``: forward mode along directions ``v_V`` over the
     adjoints, ``(Hv)_V`` the directional derivative of ``∂ℓ/∂V``."""
     g = der.graph
-    program = g.in_group("forward") + g.in_group("loss") + g.in_group("adjoints")
+    program = (g.in_group("forward") + g.in_group("loss") + g.in_group("loss_adjoints")
+               + g.in_group("adjoints"))
     for label, variables in (("params", der.params), ("X", [der.X])):
         if not variables:
             continue
@@ -400,7 +405,8 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
     target = g.input("u_T", der.target.shape, role="direction")
     directions.by_name[der.target.name] = target[der.target.indices].with_free(
         der.target.indices)
-    program = g.in_group("forward") + g.in_group("loss") + g.in_group("adjoints")
+    program = (g.in_group("forward") + g.in_group("loss") + g.in_group("loss_adjoints")
+               + g.in_group("adjoints"))
     with der.add_group("hvp_joint", ("adjoints",)):
         # the input's gradient on the way (a chain's next cotangent down)
         der.add("joint_gradient", (der.X.name,),
@@ -416,18 +422,37 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
 
 def _gauss_newton_products(der: Derivation, adjoints: dict[str, Expr],
                            output_tangent: Expr) -> None:
-    """Group ``gnvp_joint``: ``J_V^T (∂²ℓ/∂Z²) J u`` for every variable ``V``, ``J u`` the
-    ``jvp`` group's output tangent. Only ``Z`` moves (the network's nodes are held fixed),
-    so the adjoints' tangents are the linearised network's transpose applied to the loss's
-    curvature along ``J u``: no second derivative of the network enters."""
+    """Groups ``gnvp_params`` (``J_V^T (∂²ℓ/∂Z²) J v`` for every parameter ``V``, ``v`` the
+    ``hvp`` groups' directions in the parameters, averaged over the batch) and ``gnvp_joint``
+    (the same for every variable along the ``jvp`` group's output tangent ``J u``). Only ``Z``
+    moves (the network's nodes are held fixed), so the adjoints' tangents are the linearised
+    network's transpose applied to the loss's curvature along ``J v``: no second derivative
+    of the network enters."""
     g = der.graph
-    moving = calculus.Tangents((), {der.output.name: output_tangent})
-    with der.add_group("gnvp_joint", ("jvp", "adjoints")):
-        calculus.propagate(g, g.in_group("loss") + g.in_group("adjoints"), moving, "n")
-        for var in der.variables:
+    forward = g.in_group("forward")
+    backward = g.in_group("loss") + g.in_group("loss_adjoints") + g.in_group("adjoints")
+
+    def transposed(moving: calculus.Tangents, label: str, variables: list[Tensor],
+                   kind: str) -> None:
+        calculus.propagate(g, backward, moving, label)
+        for var in variables:
             product = calculus.differentiate(g, adjoints[var.name], moving)
-            der.add("gnvp_joint", (var.name,), g.output(
-                f"gnvp_{var.name}", product, mean_over_batch=var is not der.X))
+            der.add(kind, (var.name,), g.output(
+                f"{kind}_{var.name}", product, mean_over_batch=var is not der.X))
+
+    if der.params:
+        # the network's adjoints are not read: their tangents are linear in dg_Z alone
+        with der.add_group("gnvp_params", ("loss_adjoints",)):
+            directions = calculus.Tangents(())
+            for var in der.params:
+                direction = g.tensors[f"v_{var.name}"]
+                directions.by_name[var.name] = direction[var.indices].with_free(var.indices)
+            tangents = calculus.propagate(g, forward, directions, "gv")
+            moving = calculus.Tangents((), {der.output.name: tangents.of(der.output)})
+            transposed(moving, "gn", der.params, "gnvp_params")
+    with der.add_group("gnvp_joint", ("jvp", "loss_adjoints")):
+        transposed(calculus.Tangents((), {der.output.name: output_tangent}), "n",
+                   der.variables, "gnvp_joint")
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

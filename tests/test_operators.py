@@ -6,6 +6,8 @@ against their dense autograd forms, on modules and on a real layer."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -171,3 +173,17 @@ def test_a_real_layers_structured_block_in_its_own_layout():
         c.kronecker_block(X, T, "linear1.weight")
     with pytest.raises(ValueError, match=r"wrt_i: expected a parameter that is one whole matrix"):
         c.kronecker_block(X, T, "self_attn.in_proj_weight")
+
+
+#: The blocks of the shipped configs that are exactly Kronecker products (README's table).
+STRUCTURED = {"self_attention": [("W_V", "W_V")], "ffn": [("W_2", "W_2")],
+              "rmsnorm_block": [("W_2", "W_2")],
+              "patch_embedding": [("W_E", "W_E"), ("W_E", "P_E"), ("P_E", "P_E")]}
+
+
+@pytest.mark.parametrize("config", sorted(c.name for c in load_configs()))
+def test_the_structured_blocks_of_each_shipped_config(config):
+    module = importlib.import_module(f"curvgap.generated.torch.{config}")
+    expected = {(v, w, part) for v, w in STRUCTURED.get(config, [])
+                for part in ("gauss_newton", "full")}
+    assert set(module.STRUCTURED) == expected

@@ -359,7 +359,8 @@ def _gradient(der: Derivation, builder: Builder) -> Section:
     section = Section("Gradient", r"Reverse mode: the adjoints $\bar N = \partial \ell / "
                       r"\partial N$ of the per-sample loss, from the loss back to the "
                       r"parameters and the input.")
-    section.blocks = builder.blocks(der.graph.in_group("adjoints"))
+    section.blocks = builder.blocks(der.graph.in_group("loss_adjoints")
+                                    + der.graph.in_group("adjoints"))
     return section
 
 
