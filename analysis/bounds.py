@@ -45,6 +45,7 @@ from ..derivations.graph import Graph
 from ..derivations.paper import WEIGHTS
 from ..derivations.softmax import softmax_rows
 from ..generated.torch import layernorm, paper_block, self_attention
+from ..operators import kronecker_block
 from .spectra import block_slices, hessian_norm, spectral_norm, symmetric_spectral_norm
 
 #: The short names of the attention weights (WEIGHTS maps short names to parameters).
@@ -163,6 +164,10 @@ def theorem1(params: dict, X: torch.Tensor, target: torch.Tensor) -> list[Check]
     slices = block_slices(self_attention, params)
     true = {part: {(a, b): spectral_norm(value[slices[f"W_{a}"], slices[f"W_{b}"]])
                    for a in ATTENTION for b in ATTENTION} for part, value in H.items()}
+    # the V–V block is exactly A ⊗ I_d (the module's STRUCTURED): its norm from A, d × d
+    for part in ("gauss_newton", "full"):
+        factors = kronecker_block(self_attention, params, X, target, "W_V", part=part)
+        true[part]["V", "V"] = float(factors.eigvalsh().abs().max())
     full = symmetric_spectral_norm(H["full"])
     checks = []
     for version, label in (("main", "Theorem 1 (main text)"),

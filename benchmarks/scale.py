@@ -11,6 +11,8 @@ the fastest route of the other tools:
   ``n`` unit vectors, timed whole where ``n`` is small, else on one chunk and scaled to ``n``);
 * the structured Gauss–Newton ``W_V``–``W_V`` block of ``self_attention`` as Kronecker
   factors, with its whole spectrum, against the size of its dense form;
+* ``curvgap.curvature`` on a real ``nn.TransformerEncoderLayer`` of ViT-B width: its HVP
+  against double backward on the layer, its Gauss–Newton product and diagonal;
 * the peak memory of a dense block (``loss_hessian`` over ``W_V``) against its size, in a
   fresh process.
 
@@ -37,6 +39,7 @@ from ..codegen.verify import random_case
 from ..derivations.config import load
 from ..operators import kronecker_block
 from . import jax_routes
+from .real_layer import LayerRoutes, encoder_layer
 from .routes import Routes
 from .suite import machine, median_time
 
@@ -50,6 +53,9 @@ QUICK_SIZES = [({"L": 4, "d": 6, "d_k": 3, "d_ff": 8}, 2), ({"L": 5, "d": 8, "d_
 #: The exact autograd diagonal is timed whole up to this many parameters, else on one chunk
 #: of unit vectors (at most 64, and at most 2^24 entries of them).
 WHOLE_DIAGONAL = 3000
+#: The real layer: a pre-LN GELU ``nn.TransformerEncoderLayer`` of ViT-B / BERT-base width
+#: (d, heads, d_ff), L, B; and the quick run's.
+REAL_LAYER, QUICK_REAL_LAYER = ((768, 12, 3072), 128, 1), ((16, 2, 32), 8, 2)
 #: Dense blocks whose peak memory is measured: (L, d, d_k, d_ff), batch.
 MEMORY_SIZES = [({"L": 64, "d": 64, "d_k": 64, "d_ff": 256}, 8),
                 ({"L": 128, "d": 128, "d_k": 64, "d_ff": 512}, 4)]
@@ -195,6 +201,31 @@ def _agreement(r: Routes, module, jax_fns: dict, autograd_diagonal: Callable | N
     return out
 
 
+def _real_layer(quick: bool, repeats: int, report: Callable[[str], None]) -> dict:
+    """``curvgap.curvature`` on a real layer: its HVP, Gauss–Newton product and diagonal
+    against reverse-over-reverse autograd on the layer (MATH attention kernel)."""
+    (d, heads, d_ff), L, batch = QUICK_REAL_LAYER if quick else REAL_LAYER
+    layer = encoder_layer(d, heads, d_ff)
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(batch, L, d, generator=gen, dtype=torch.float64)
+    T = torch.randn(batch, L, d, generator=gen, dtype=torch.float64)
+    r = LayerRoutes(layer, X, T)
+    report(f"  real layer: nn.TransformerEncoderLayer(d = {d}, {heads} heads, d_ff = {d_ff}), "
+           f"pre-LN, GELU, biases, L = {L}, B = {batch}: n = {r.n}")
+    report("    Hessian-vector product")
+    hvp = _time({"curvgap torch": r.curvgap_hvp(),
+                 "torch double backward": r.hvp_double_backward()}, repeats, report)
+    report("    Gauss–Newton-vector product and exact diagonal (curvgap)")
+    ours = _time({"curvgap gnvp": lambda: r.curvature.gnvp(X, T, r.v),
+                  "curvgap diagonal": lambda: r.curvature.diagonal(X, T)}, 1, report)
+    agreement = float((r.curvgap_hvp()() - r.hvp_double_backward()()).abs().max()
+                      / r.hvp_double_backward()().abs().max())
+    report(f"    agreement of the HVPs (max rel. difference): {agreement:.2e}")
+    return {"size": {"d": d, "heads": heads, "d_ff": d_ff, "L": L, "B": batch}, "n": r.n,
+            "hvp": hvp, "curvgap": ours, "agreement": agreement,
+            "hvp_vs_double_backward": hvp["torch double backward"] / hvp["curvgap torch"]}
+
+
 def _structured(dims: dict, batch: int, report: Callable[[str], None]) -> dict:
     """The Gauss–Newton ``W_V``–``W_V`` block of ``self_attention`` as ``A ⊗ I`` and all of
     its eigenvalues, timed (first call, no warm-up: what a user waits)."""
@@ -270,11 +301,12 @@ def run_scale(config_name: str = "paper_block", quick: bool = False, out: Path |
         row = {"size": {**dims, "B": batch}, "n": n, **_case(r, config, repeats, report)}
         row["structured"] = _structured(dims, batch, report)
         rows.append(row)
+    layer = _real_layer(quick, repeats, report)
     memory = [_memory(dims, batch, backend, report)
               for dims, batch in (QUICK_SIZES if quick else MEMORY_SIZES)
               for backend in ("torch", "numpy")]
     results = {"config": config_name, "quick": quick, "machine": machine(), "rows": rows,
-               "memory": memory}
+               "real_layer": layer, "memory": memory}
     _print_summary(results, report)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -298,5 +330,8 @@ def _print_summary(results: dict, report: Callable[[str], None]) -> None:
         diag = max(row["diagonal_ratios"].values(), default=float("nan"))
         report(f"  {label:<22}{row['n']:>9}  {best:>9.2f}x{jax:>8.2f}x{ggn:>15.2f}x"
                f"{ggn_jax:>8.2f}x{diag:>13.1f}x{row['structured']['seconds'] * 1e3:>8.1f} ms")
+    layer = results["real_layer"]
+    report(f"  real layer (n = {layer['n']}): hvp / double backward "
+           f"{layer['hvp_vs_double_backward']:.2f}x")
     for found in results["memory"]:
         report(f"  dense block peak / output: {found['ratio_to_output']:.2f}")

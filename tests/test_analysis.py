@@ -24,7 +24,7 @@ from curvgap.analysis.spectra import (
 )
 from curvgap.codegen.verify import random_case
 from curvgap.derivations.functions import ScalarFn, activation, exp, power, x
-from curvgap.generated.torch import layernorm, paper_block
+from curvgap.generated.torch import layernorm, paper_block, self_attention
 from curvgap.operators import hessian_operator
 
 #: The same instances as the full ``curvgap reproduce``, so that every violation its report
@@ -149,6 +149,18 @@ def test_documented_instance(block, seed, label, quantity):
         checks = bounds.theorem1(instance.params, instance.X, instance.target)
     (check,) = [c for c in checks if (c.theorem, c.quantity) == (label, quantity)]
     assert check.holds, f"bound {check.bound:.6g} < true {check.true:.6g}"
+
+
+def test_theorem_1_reads_the_v_v_norm_off_its_kronecker_factor():
+    """The true ``‖H(V,V)‖`` of Theorem 1's checks comes from the block's ``d × d`` factor;
+    it equals the dense block's norm."""
+    i = bounds.random_instance(3, block=False)
+    checks = {c.quantity: c.true for c in bounds.theorem1(i.params, i.X, i.target)
+              if c.theorem == "Theorem 1 (appendix)"}
+    rows = bounds.block_slices(self_attention, i.params)["W_V"]
+    for part, quantity in (("gauss_newton", "H(V,V) Gauss–Newton"), ("full", "H(V,V)")):
+        dense = self_attention.loss_hessian(i.params, i.X, i.target, part=part)[rows, rows]
+        assert abs(checks[quantity] - spectral_norm(dense)) <= 1e-12 * spectral_norm(dense)
 
 
 def test_main_text_theorem_1_is_the_appendix_one_loosened():

@@ -1,10 +1,13 @@
-"""``curvgap bench --quick`` as a smoke test: it runs, writes its files, and every number is
-finite (no timing assertion: speed is measured, not tested)."""
+"""``curvgap bench --quick`` and ``curvgap bench --scale --quick`` as smoke tests: they run,
+write their files, every number is finite and the routes agree (no timing assertion: speed
+is measured, not tested)."""
 
 from __future__ import annotations
 
 import json
 import math
+
+import pytest
 
 from curvgap import cli
 
@@ -28,3 +31,21 @@ def test_quick_bench_writes_finite_results(tmp_path):
         assert max(row["agreement"].values()) < 1e-10
     assert all(math.isfinite(e) for e in results["depth"]["growth_exponents"].values())
     assert results["machine"]["torch"].startswith("2.")
+
+
+@pytest.mark.slow
+def test_quick_scale_bench_writes_finite_results_that_agree(tmp_path):
+    assert cli.main(["bench", "--scale", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "scale.json").read_text())
+    assert len(results["rows"]) == 2
+    for row in results["rows"]:
+        for quantity in ("hvp", "gnvp", "diagonal"):
+            assert {"curvgap torch", "curvgap numpy"} <= set(row[quantity])
+            assert all(math.isfinite(t) and t > 0 for t in row[quantity].values())
+        assert {"torch double backward", "torch.func jvp of grad",
+                "autograd vmap of n HVPs"} <= set(row["hvp"]) | set(row["diagonal"])
+        # the quick sizes time the autograd diagonal whole, so it is compared too
+        assert max(row["agreement"].values()) < 1e-10
+        assert "diagonal vs autograd" in row["agreement"]
+        assert row["structured"]["seconds"] > 0
+    assert all(m["ratio_to_output"] > 0 for m in results["memory"])

@@ -2,7 +2,8 @@
 
 The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
 import itself and the packages before it. ``cli``, ``benchmarks``, ``analysis``,
-``adapters`` (real layers) and ``models`` (stacks of blocks) sit on top
+``adapters`` (real layers), ``models`` (stacks of blocks) and ``operators`` (curvature as
+linear operators, structured blocks) sit on top
 (they may import anything), and nothing below them imports them. Every import counts, at
 module level or inside a function.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
-ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models"]
+ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models", "operators"]
 
 
 def _modules() -> dict[str, Path]:

@@ -211,6 +211,7 @@ def test_gauss_newton_part_equals_autograd(case):
                     gauss_newton_reference(layer, X, T)) <= 1e-10
 
 
+@pytest.mark.slow  # the quick run checks operators and diagonals in test_operators
 def test_diagonals_products_and_operator_in_the_layers_order_equal_autograd(case):
     layer, c, X, T, H = case
     GN = gauss_newton_reference(layer, X, T)

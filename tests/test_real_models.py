@@ -221,6 +221,7 @@ def test_a_vit_has_no_input_blocks():
         c.loss_hessian(images, torch.zeros(B, dtype=torch.long), wrt="X")
 
 
+@pytest.mark.slow  # the quick run checks operators and diagonals in test_operators
 def test_diagonal_and_operator_in_the_models_order_equal_autograd(case):
     model, _, X, T, loss, (_, _, H) = case
     c = curvgap.curvature(model, loss=loss)
