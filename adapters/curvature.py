@@ -33,6 +33,7 @@ class Curvature:
         index = flat_index(layer)
         mapped = self.recognised.ours(index)
         self._index, self._entries = index, mapped
+        self._selections: dict[tuple[str, ...], tuple[list[str], torch.Tensor]] = {}
         self._ours = [name for name, _ in self.module.PARAMS]
         self._position = {name: mapped[name].reshape(-1) for name in self._ours}
         self._owner = {name: next(n for n, entries in index.items()
@@ -53,13 +54,21 @@ class Curvature:
         if unknown:
             raise ValueError(f"wrt: expected 'X' or names of the layer's parameters "
                              f"{self.names}, got {unknown}")
+        key = tuple(names)
+        if key not in self._selections:  # sorting millions of positions: once per wrt
+            self._selections[key] = self._permutation(names)
+        return self._selections[key][:2]
+
+    def _permutation(self, names: list[str]) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """:meth:`_ours_of`'s pair, and the inverse permutation (the layer's order of ``wrt``
+        to the module's concatenation)."""
         ours = [n for n in self._ours if self._owner[n] in names]
         positions = torch.cat([self._position[n] for n in ours])
         # renumber the layer's positions of the requested parameters 0..n-1, in layer order
-        order = torch.argsort(positions)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(len(order))
-        return ours, torch.argsort(rank)
+        back = torch.argsort(positions)
+        inverse = torch.empty_like(back)
+        inverse[back] = torch.arange(len(back))
+        return ours, back, inverse
 
     # -- the contract -----------------------------------------------------------------------
     def forward(self, X: torch.Tensor) -> torch.Tensor:
@@ -128,9 +137,10 @@ class Curvature:
             raise ValueError(f"v: expected shape ({back.shape[0]},) or ({back.shape[0]}, k) "
                              f"(the entries of {wrt or 'every parameter'}), got shape "
                              f"{tuple(v.shape)}")
-        v_ours = torch.empty_like(v)
-        v_ours[back] = v
-        return product(self.params(), X, T, v_ours, wrt=ours)[back]
+        inverse = self._selections[tuple(self.names if wrt is None else [wrt]
+                                         if isinstance(wrt, str) else wrt)][2]
+        v_ours = v.index_select(0, inverse)  # gathers: faster than scattering millions
+        return product(self.params(), X, T, v_ours, wrt=ours).index_select(0, back)
 
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                  part: str = "full") -> torch.Tensor:
