@@ -10,8 +10,10 @@ from curvgap.codegen.generate import generate
 from curvgap.codegen.verify import check_module
 
 TOLERANCE = 1e-10
+#: The second size runs with ``-m slow`` (CI); ``curvgap generate`` checks a third.
 SIZES = [({"L": 3, "d": 4, "d_k": 5, "d_ff": 7, "p": 6, "c": 2}, 2),
-         ({"L": 5, "d": 6, "d_k": 2, "d_ff": 3, "p": 4, "c": 7}, 3)]
+         pytest.param({"L": 5, "d": 6, "d_k": 2, "d_ff": 3, "p": 4, "c": 7}, 3,
+                      marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

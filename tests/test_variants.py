@@ -67,7 +67,8 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
 
 #: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
 SLOW = {"llama_block", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
-        "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block"}
+        "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
+        "pre_ln_relu_causal", "pre_ln_linear_loss"}
 
 
 def _load_module(path, name):
