@@ -12,6 +12,7 @@ import pytest
 from curvgap import cli
 
 
+@pytest.mark.slow  # a minute; CI runs it
 def test_quick_bench_writes_finite_results(tmp_path):
     assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())

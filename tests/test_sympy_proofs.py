@@ -92,7 +92,8 @@ def test_jacobians_equal_sympy(variant, L, d):
 
 
 @pytest.mark.parametrize("variant, L, d", [
-    ("layernorm", 1, 2), ("layernorm", 1, 3), ("layernorm", 1, 4), ("layernorm", 1, 5),
+    ("layernorm", 1, 2), ("layernorm", 1, 3), ("layernorm", 1, 4),
+    pytest.param("layernorm", 1, 5, marks=pytest.mark.slow),  # 40 s of symbolic algebra
     ("layernorm", 2, 2), ("layernorm", 2, 3),
     ("layernorm_affine", 1, 2), ("layernorm_affine", 1, 3),
     ("rmsnorm", 1, 3), ("rmsnorm_affine", 1, 2)])
