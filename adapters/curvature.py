@@ -49,6 +49,11 @@ class Curvature:
     def _ours_of(self, wrt: str | list[str] | None) -> tuple[list[str], torch.Tensor]:
         """The module's parameters that make up the layer's ``wrt``, and the permutation
         from their concatenation to the layer's order of ``wrt``."""
+        return self._selection(wrt)[:2]
+
+    def _selection(self, wrt: str | list[str] | None
+                   ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """:meth:`_ours_of`'s pair and the inverse permutation, sorted once per ``wrt``."""
         names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
         unknown = [n for n in names if n not in self.names]
         if unknown:
@@ -57,7 +62,7 @@ class Curvature:
         key = tuple(names)
         if key not in self._selections:  # sorting millions of positions: once per wrt
             self._selections[key] = self._permutation(names)
-        return self._selections[key][:2]
+        return self._selections[key]
 
     def _permutation(self, names: list[str]) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         """:meth:`_ours_of`'s pair, and the inverse permutation (the layer's order of ``wrt``
@@ -132,13 +137,11 @@ class Curvature:
 
     def _product(self, product, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
                  wrt: str | list[str] | None) -> torch.Tensor:
-        ours, back = self._ours_of(wrt)
+        ours, back, inverse = self._selection(wrt)
         if v.ndim not in (1, 2) or v.shape[0] != back.shape[0]:
             raise ValueError(f"v: expected shape ({back.shape[0]},) or ({back.shape[0]}, k) "
                              f"(the entries of {wrt or 'every parameter'}), got shape "
                              f"{tuple(v.shape)}")
-        inverse = self._selections[tuple(self.names if wrt is None else [wrt]
-                                         if isinstance(wrt, str) else wrt)][2]
         v_ours = v.index_select(0, inverse)  # gathers: faster than scattering millions
         return product(self.params(), X, T, v_ours, wrt=ours).index_select(0, back)
 
