@@ -7,6 +7,11 @@ layer at every call. Rows and columns of Hessians, entries of HVPs and columns o
 follow
 ``torch.cat([p.reshape(-1) for p in layer.parameters()])``; ``wrt`` takes the layer's own
 parameter names (or ``"X"``).
+
+In place of ``X, T``, the averaging functions (``loss``, ``gradient``, ``loss_hessian``,
+``hvp``, ``gnvp``, ``diagonal``) and ``hessian_operator`` take a dataset's batches (a
+``DataLoader`` of ``(X, T)``) and give the mean over its samples, over every rank's shard
+under ``torch.distributed`` (:mod:`curvgap.data`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..codegen.cache import module_for
+from ..data import is_batches, over_batches, takes_batches
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .layers import flat_index
@@ -80,10 +86,12 @@ class Curvature:
         """The layer's output ``(B, L, d)``."""
         return self.module.forward(self.params(), X)
 
+    @over_batches(state=lambda self: self.layer)
     def loss(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """The loss averaged over the batch (a scalar)."""
         return self.module.loss(self.params(), X, T)
 
+    @over_batches(state=lambda self: self.layer)
     def gradient(self, X: torch.Tensor, T: torch.Tensor,
                  wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss's gradient over ``wrt`` (default: every parameter) in the layer's order,
@@ -103,6 +111,7 @@ class Curvature:
         J = torch.cat([self.module.jacobian(params, X, n) for n in ours], dim=-1)
         return J[..., back]
 
+    @over_batches(state=lambda self: self.layer)
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                      part: str = "full") -> torch.Tensor:
         """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the layer's
@@ -123,12 +132,14 @@ class Curvature:
         H = self.module.loss_hessian_mixed(self.params(), X, T, wrt=ours, part=part)
         return H[..., back]
 
+    @over_batches(state=lambda self: self.layer)
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss Hessian over ``wrt`` times ``v`` (both in the layer's order), ``(n,)``, or
         times each column of ``v`` ``(n, k)``, ``(n, k)``."""
         return self._product(self.module.hvp, X, T, v, wrt)
 
+    @over_batches(state=lambda self: self.layer)
     def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
              wrt: str | list[str] | None = None) -> torch.Tensor:
         """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` of the loss Hessian over ``wrt`` times
@@ -145,6 +156,7 @@ class Curvature:
         v_ours = v.index_select(0, inverse)  # gathers: faster than scattering millions
         return product(self.params(), X, T, v_ours, wrt=ours).index_select(0, back)
 
+    @over_batches(state=lambda self: self.layer)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                  part: str = "full") -> torch.Tensor:
         """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the layer's
@@ -195,14 +207,21 @@ class Curvature:
         raise ValueError(f"{argument}: expected a parameter that is one whole matrix of the "
                          f"module ({name!r} holds parts of several, or part of one)")
 
+    @takes_batches
     def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
                          wrt: str | list[str] | None = None,
                          part: str = "full") -> CurvatureOperator:
         """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the layer's
         order (:class:`~curvgap.operators.CurvatureOperator`), for scipy's and curvlinops'
-        solvers and estimators. The weights are read now."""
+        solvers and estimators. On one batch the weights are read now; over a dataset's
+        batches every product is a pass over them (collective under ``torch.distributed``:
+        every rank runs the same solver with the same start, see :mod:`curvgap.data`)."""
         n = self._ours_of(wrt)[1].shape[0]
-        self.loss(X, T)  # checks X and T now, not at the first product
+        if is_batches(X):
+            data, like = (X,), next(iter(self.params().values()))
+        else:
+            data, like = (X, T), X
+            self.loss(X, T)  # checks X and T now, not at the first product
         return CurvatureOperator(part_product(
-            lambda V: self.hvp(X, T, V, wrt), lambda V: self.gnvp(X, T, V, wrt), part),
-            n, X.dtype, X.device)
+            lambda V: self.hvp(*data, V, wrt), lambda V: self.gnvp(*data, V, wrt), part),
+            n, like.dtype, like.device)

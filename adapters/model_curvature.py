@@ -8,12 +8,16 @@ Rows and columns of Hessians and entries of gradients and HVPs follow
 named parameters listed, in the model's order). Entries the loss does not depend on are
 exactly zero: GPT-2's token embedding ``wte`` when the model is given ``inputs_embeds``, and
 the rows of a positional table past the input's length.
+
+In place of ``X, T``, the averaging functions and ``hessian_operator`` take a dataset's
+batches, as for a single layer (:mod:`curvgap.data`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..data import is_batches, over_batches, takes_batches
 from ..models import Chain
 from ..operators.hessian import CurvatureOperator, part_product
 from .layers import RecognisedModel, UnsupportedLayer, flat_index
@@ -78,17 +82,22 @@ class ModelCurvature:
         values = {n: p.detach() for n, p in self.model.named_parameters()}
         return {n: v.contiguous() for n, v in self._ours(values, length).items()}
 
+    def _names(self, wrt: str | list[str] | None) -> list[str]:
+        """The model's parameters ``wrt`` names (default: all), checked."""
+        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+        unknown = [n for n in names if n not in self.names]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"wrt: expected distinct names of the model's parameters (such "
+                             f"as {self.names[0]!r}), got {names}")
+        return names
+
     def _selection(self, wrt: str | list[str] | None, length: int
                    ) -> tuple[list[str], list[slice], torch.Tensor, int]:
         """For the model's parameters ``wrt``: the chain's parameters that hold them, their
         spans in the chain's concatenation, where each of their entries goes among the
         ``wrt`` parameters' entries in the model's order (``-1``: not in ``wrt``), and how
         many entries ``wrt`` has."""
-        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
-        unknown = [n for n in names if n not in self.names]
-        if unknown or not names or len(set(names)) != len(names):
-            raise ValueError(f"wrt: expected distinct names of the model's parameters (such "
-                             f"as {self.names[0]!r}), got {names}")
+        names = self._names(wrt)
         rank = torch.full((sum(p.numel() for p in self.model.parameters()),), -1)
         count = 0
         for name in self.names:  # the model's order
@@ -114,6 +123,7 @@ class ModelCurvature:
         X, _, length = self._prepared(X)
         return self.recognised.outputs(self.chain.forward(self.params(length), X))
 
+    @over_batches(state=lambda self: self.model)
     def loss(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """The loss averaged over the batch (a scalar)."""
         X, T, length = self._prepared(X, T)
@@ -125,6 +135,7 @@ class ModelCurvature:
                              "model takes its input in another layout (images, cut into "
                              "patches first), so ask for its parameters")
 
+    @over_batches(state=lambda self: self.model)
     def gradient(self, X: torch.Tensor, T: torch.Tensor,
                  wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss's gradient over ``wrt`` (default: every parameter), ``(n,)`` in the
@@ -151,6 +162,7 @@ class ModelCurvature:
         J = torch.cat([self.chain.jacobian(params, X, name) for name in ours], dim=-1)
         return self._placed(J, where, n)
 
+    @over_batches(state=lambda self: self.model)
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                      part: str = "full") -> torch.Tensor:
         """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
@@ -180,6 +192,7 @@ class ModelCurvature:
         H = self.chain.loss_hessian_mixed(self.params(length), X, T, wrt=ours, part=part)
         return self._placed(H, where, n)
 
+    @over_batches(state=lambda self: self.model)
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
             wrt: str | list[str] | None = None) -> torch.Tensor:
         """The loss Hessian over ``wrt`` times ``v`` (both in the model's order), ``(n,)``, or
@@ -187,6 +200,7 @@ class ModelCurvature:
         sample ``(B, L·d)``."""
         return self._product(self.chain.hvp, X, T, v, wrt)
 
+    @over_batches(state=lambda self: self.model)
     def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
              wrt: str | list[str] | None = None) -> torch.Tensor:
         """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` (``J`` the whole model's Jacobian) of
@@ -212,6 +226,7 @@ class ModelCurvature:
         out = product(self.params(length), X, T, v_ours, wrt=ours)
         return self._placed(out.movedim(0, -1), where, n).movedim(-1, 0)
 
+    @over_batches(state=lambda self: self.model)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
                  part: str = "full") -> torch.Tensor:
         """The diagonal of :meth:`loss_hessian` without forming a block over parameters,
@@ -224,16 +239,24 @@ class ModelCurvature:
         return self._placed(self.chain.diagonal(self.params(length), X, T, wrt=ours,
                                                 part=part), where, n)
 
+    @takes_batches
     def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
                          wrt: str | list[str] | None = None,
                          part: str = "full") -> CurvatureOperator:
         """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the model's
-        order (:class:`~curvgap.operators.CurvatureOperator`). The weights are read now."""
-        n = self._selection(wrt, self._prepared(X)[2])[3]
-        self.loss(X, T)  # checks X and T now, not at the first product
+        order (:class:`~curvgap.operators.CurvatureOperator`). On one batch the weights are
+        read now; over a dataset's batches every product is a pass over them (as for a
+        single layer)."""
+        if is_batches(X):
+            data, like = (X,), next(self.model.parameters())
+            n = sum(self._index[name].numel() for name in self._names(wrt))
+        else:
+            data, like = (X, T), X
+            n = self._selection(wrt, self._prepared(X)[2])[3]
+            self.loss(X, T)  # checks X and T now, not at the first product
         return CurvatureOperator(part_product(
-            lambda V: self.hvp(X, T, V, wrt), lambda V: self.gnvp(X, T, V, wrt), part),
-            n, X.dtype, X.device)
+            lambda V: self.hvp(*data, V, wrt), lambda V: self.gnvp(*data, V, wrt), part),
+            n, like.dtype, like.device)
 
     def layer_slices(self, wrt: str | list[str] | None = None) -> dict[str, slice]:
         """Where each of the model's parameters (``wrt``, default all) lies in the rows of

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..codegen.cache import module_for
+from ..data import over_batches
 from ..derivations.config import Config
 
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
@@ -51,7 +52,9 @@ class Chain:
     embedding, blocks, a norm, a head), the last part's loss on the output. Parameters are named
     ``"<prefix>.<name>"`` in part order, each part's in its module's ``PARAMS`` order.
     Inputs are the ``backend``'s arrays (torch tensors, or numpy arrays), ``X`` of the first
-    part's input shape, ``(B, L, d)`` or ``(B, L, p)`` for an embedding."""
+    part's input shape, ``(B, L, d)`` or ``(B, L, p)`` for an embedding. ``loss``,
+    ``gradient``, ``loss_hessian``, ``diagonal``, ``hvp`` and ``gnvp`` also take, in place of
+    ``X, target``, a dataset's batches: the mean over its samples (:mod:`curvgap.data`)."""
 
     def __init__(self, parts: list[tuple[str, Config]], backend: str = "torch") -> None:
         if not parts:
@@ -114,6 +117,7 @@ class Chain:
         layers = self._layers(params)
         return self.modules[-1].forward(layers[-1], self._inputs(layers, X)[-1])
 
+    @over_batches()
     def loss(self, params: dict[str, Array], X: Array, target: Array) -> Array:
         """The config's loss of ``Z_N`` per sample, averaged over the batch."""
         layers = self._layers(params)
@@ -143,6 +147,7 @@ class Chain:
                                                 wrt="X").reshape(inputs[k + 1].shape)
         return g
 
+    @over_batches()
     def gradient(self, params: dict[str, Array], X: Array, target: Array,
                  wrt: str | None = None) -> Array:
         """The loss's gradient over every parameter in ``PARAMS`` order, ``(n,)``; with
@@ -181,6 +186,7 @@ class Chain:
             offset += size
         return slices
 
+    @over_batches()
     def loss_hessian(self, params: dict[str, Array], X: Array, target: Array,
                      wrt: str | list[str] | None = None, part: str = "full") -> Array:
         """The loss Hessian over ``wrt`` (names of ``PARAMS``; default: all), ``(n, n)``
@@ -304,6 +310,7 @@ class Chain:
         return (np.take_along_axis(vectors, kept[:, None, :], axis=-1),
                 np.take_along_axis(values, kept, axis=-1))
 
+    @over_batches()
     def diagonal(self, params: dict[str, Array], X: Array, target: Array,
                  wrt: str | list[str] | None = None, part: str = "full") -> Array:
         """The diagonal of :meth:`loss_hessian` over ``wrt`` (default: all of ``PARAMS``),
@@ -408,6 +415,7 @@ class Chain:
             inputs.append(output)
         return inputs, tangents
 
+    @over_batches()
     def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
             wrt: str | list[str] | None = None) -> Array:
         """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
@@ -432,6 +440,7 @@ class Chain:
             return down
         return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
 
+    @over_batches()
     def gnvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
              wrt: str | list[str] | None = None) -> Array:
         """The Gauss–Newton part of the loss Hessian over ``wrt`` times ``v`` (shapes as for

@@ -1,0 +1,246 @@
+"""Functions of a batch ``(X, T)`` over a whole dataset: the mean over its samples.
+
+A function ``f`` that averages over its batch (``loss``, ``gradient``, ``loss_hessian``,
+``hvp``, …) gives over batches ``(X_1, T_1), …, (X_m, T_m)`` of ``B_1, …, B_m`` samples
+
+    f(dataset) = Σ_i B_i f(X_i, T_i) / Σ_i B_i,
+
+the mean over every sample, whatever the batching. Batches are taken one at a time from any
+iterable of pairs (a ``torch.utils.data.DataLoader`` over a dataset of ``(X, T)``), so
+memory is one batch's and one running sum. With a ``torch.distributed`` process group
+initialised, every rank passes its own shard and the sums and counts are added over the
+ranks (:mod:`.ranks`): every rank gets the mean over the union of the shards, which may be
+uneven or empty. Long passes show a ``tqdm`` bar on rank 0 (on a terminal, after a second;
+``TQDM_DISABLE=1`` turns it off).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import ranks
+
+Array = Any  # a torch tensor or a numpy array
+
+
+def is_batches(X: Any) -> bool:
+    """Whether ``X`` is a dataset's batches (an iterable that is not an array)."""
+    return not isinstance(X, torch.Tensor | np.ndarray | str | bytes | dict) and \
+        isinstance(X, Iterable)
+
+
+def _pair(batch: Any, index: int) -> tuple[Array, Array]:
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        kind = (f"a {type(batch).__name__} of length {len(batch)}"
+                if isinstance(batch, tuple | list) else f"a {type(batch).__name__}")
+        raise ValueError(f"X: expected batches (X, T) from the loader (such as "
+                         f"DataLoader(TensorDataset(X, T)) or [(X, T)]), got {kind} as batch "
+                         f"{index}")
+    X, T = batch
+    if not isinstance(X, torch.Tensor | np.ndarray) or X.ndim < 2:
+        shape = tuple(X.shape) if hasattr(X, "shape") else type(X).__name__
+        raise ValueError(f"X: expected each batch's X to be an array of samples along its "
+                         f"first axis, got {shape} in batch {index}")
+    return X, T
+
+
+def _fingerprint(value: Any) -> str:
+    """A digest of ``value`` (arrays by their bytes, modules by their state) that is equal
+    on every rank exactly when the value is."""
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(item: Any) -> None:
+        if isinstance(item, torch.nn.Module):
+            feed(item.state_dict())
+        elif isinstance(item, torch.Tensor):
+            item = item.detach().cpu().contiguous()
+            digest.update(f"{item.dtype}{tuple(item.shape)}".encode())
+            digest.update(item.reshape(-1).view(torch.uint8).numpy().data)
+        elif isinstance(item, np.ndarray):
+            digest.update(f"{item.dtype}{item.shape}".encode())
+            digest.update(np.ascontiguousarray(item).view(np.uint8).data)
+        elif isinstance(item, dict):
+            for key in item:
+                feed(repr(key))
+                feed(item[key])
+        elif isinstance(item, tuple | list):
+            for element in item:
+                feed(element)
+        else:
+            digest.update(repr(item).encode())
+
+    feed(value)
+    return digest.hexdigest()
+
+
+def _progress(batches: Iterable, what: str) -> Iterable:
+    here = ranks.current()
+    try:
+        length = len(batches)
+    except TypeError:  # an iterable without a length (an IterableDataset's loader)
+        length = None
+    return tqdm(batches, desc=f"curvgap {what}", unit="batch", leave=False, delay=1.0,
+                total=length, disable=True if here is not None and here[0] != 0 else None)
+
+
+def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str
+         ) -> tuple[Array | None, int]:
+    """``Σ_i B_i compute(X_i, T_i)`` over the batches (``None`` if none has a sample) and
+    ``Σ_i B_i``."""
+    total, count = None, 0
+    for index, batch in enumerate(_progress(batches, what)):
+        X, T = _pair(batch, index)
+        size = int(X.shape[0])
+        if size == 0:
+            continue
+        value = compute(X, T)
+        if total is None:
+            total = value * size
+        elif isinstance(total, torch.Tensor):
+            total.add_(value, alpha=size)
+        else:
+            total += size * value
+        count += size
+    return total, count
+
+
+def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
+         arguments: Any = ()) -> Array:
+    """``Σ_i B_i compute(X_i, T_i) / Σ_i B_i`` over ``batches`` (and over every rank's
+    shard when a process group is initialised; then ``arguments``, the call's other
+    inputs, must be equal on every rank). ``what`` names the function in errors."""
+    here = ranks.current()
+    if here is None:
+        total, count = _sum(batches, compute, what)
+        if count == 0:
+            raise ValueError(f"X: expected batches with at least one sample in all, got none "
+                             f"({what} over an empty dataset)")
+        return total / count
+    total, count, failure = None, 0, None
+    try:
+        total, count = _sum(batches, compute, what)
+    except Exception as error:  # reaches the collective, so the other ranks learn of it
+        failure = error
+    layout = None if total is None else (tuple(total.shape), str(total.dtype))
+    everyone = ranks.gather(ranks.Contribution(
+        count, layout, _fingerprint(arguments),
+        None if failure is None else f"{type(failure).__name__}: {failure}"), what)
+    if failure is not None:
+        raise failure
+    return _reduced(total, everyone, what)
+
+
+def _reduced(total: Array | None, everyone: list[ranks.Contribution], what: str) -> Array:
+    """The mean over ranks of the sums ``total`` whose contributions are ``everyone``."""
+    rank, size = ranks.current()
+    failed = [(r, c.failure) for r, c in enumerate(everyone) if c.failure is not None]
+    if failed:
+        r, said = failed[0]
+        raise ranks.RankError(f"{what} over the dataset, rank {rank} of {size}: rank {r} "
+                              f"raised {said}")
+    differing = [r for r, c in enumerate(everyone) if c.arguments != everyone[0].arguments]
+    if differing:
+        raise ValueError(f"{what}: expected the same arguments and weights on every rank (the "
+                         f"result is one mean over every rank's shard), got others on rank"
+                         f"{'s' if len(differing) > 1 else ''} "
+                         f"{', '.join(map(str, differing))} than on rank 0")
+    layouts = {c.layout for c in everyone if c.layout is not None}
+    if not layouts:
+        raise ValueError(f"X: expected batches with at least one sample over the {size} "
+                         f"ranks, got none ({what} over an empty dataset)")
+    if len(layouts) > 1:
+        raise ValueError(f"{what}: expected results of one shape and dtype on every rank, got "
+                         f"{sorted(layouts)}")
+    shape, dtype = layouts.pop()
+    if total is None:  # an empty shard adds zeros
+        total = (np.zeros(shape, dtype=np.dtype(dtype)) if not dtype.startswith("torch.")
+                 else torch.zeros(shape, dtype=getattr(torch, dtype[6:]),
+                                  device=ranks.device()))
+    ranks.sum_over_ranks(torch.from_numpy(total) if isinstance(total, np.ndarray) else total,
+                         what)
+    return total / sum(c.count for c in everyone)
+
+
+def _rebound(signature: inspect.Signature, args: tuple, kwargs: dict
+             ) -> tuple[Any, inspect.BoundArguments, str] | None:
+    """For a call whose ``X`` is a dataset's batches, ``(batches, arguments bound with X
+    and the target left None, the target's name)``; ``None`` for a call on one batch."""
+    names = list(signature.parameters)
+    at = names.index("X")
+    target = names[at + 1]
+    X = args[at] if len(args) > at else kwargs.get("X")
+    if not is_batches(X):
+        return None
+    if target in kwargs:
+        raise TypeError(f"{target}: expected none with a loader of (X, T) batches (each "
+                        f"batch carries its own), got one")
+    if len(args) > at:
+        head, rest = args[:at], args[at + 1:]
+    else:
+        kwargs = {k: v for k, v in kwargs.items() if k != "X"}
+        head, rest = args, ()
+    bound = signature.bind(*head, None, None, *rest, **kwargs)
+    bound.apply_defaults()
+    for name in ("wrt", "part"):
+        if isinstance(bound.arguments.get(name), torch.Tensor | np.ndarray):
+            raise TypeError(f"{name}: expected {'parameter names' if name == 'wrt' else 'a part'}"
+                            f", got an array (with a loader of (X, T) batches give no "
+                            f"{target}: each batch carries its own)")
+    if isinstance(bound.arguments.get("wrt"), str) and bound.arguments["wrt"] == "X":
+        raise ValueError("wrt: expected parameters over a dataset ('X' gives one result per "
+                         "sample: call it on each batch), got 'X'")
+    return X, bound, target
+
+
+def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
+    """Let a method ``f(…, X, T, …)`` that averages over its batch also take, in place of
+    ``X, T``, a dataset's batches (``f(…, loader, …)``): then it returns :func:`mean` of
+    ``f`` over them. ``state(self)`` is what else must agree on every rank (the weights)."""
+
+    def decorate(method: Callable) -> Callable:
+        signature = inspect.signature(method)
+
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rebound = _rebound(signature, args, kwargs)
+            if rebound is None:
+                return method(*args, **kwargs)
+            batches, bound, target = rebound
+            others = {k: v for k, v in bound.arguments.items()
+                      if k not in ("self", "X", target)}
+
+            def compute(X: Array, T: Array) -> Array:
+                bound.arguments["X"], bound.arguments[target] = X, T
+                return method(*bound.args, **bound.kwargs)
+
+            agreed = (others, state(args[0])) if state is not None else others
+            return mean(batches, compute, method.__name__, agreed)
+
+        return wrapper
+
+    return decorate
+
+
+def takes_batches(method: Callable) -> Callable:
+    """Let a method ``f(…, X, T, …)`` take a dataset's batches in place of ``X, T``
+    (``f(…, loader, …)``), passed on as ``X`` with the target ``None``."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rebound = _rebound(signature, args, kwargs)
+        if rebound is None:
+            return method(*args, **kwargs)
+        batches, bound, _ = rebound
+        bound.arguments["X"] = batches
+        return method(*bound.args, **bound.kwargs)
+
+    return wrapper

@@ -1,0 +1,138 @@
+"""Curvature over a dataset on several processes: real gloo process groups on 127.0.0.1
+(``distributed_worker.py`` is one rank), against the same functions on one process over
+the union of the shards, which are uneven and, with three ranks, one empty."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import distributed_worker as worker
+import pytest
+import torch
+
+import curvgap
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario: str, world: int, out: Path, timeout: float = 60.0,
+           wait: float = 240.0, until_rank0: bool = False
+           ) -> list[tuple[int | None, float, str]]:
+    """Run ``world`` ranks of ``scenario`` (process group timeout ``timeout`` s): each rank's
+    exit code (``None``: still running after ``wait`` s, or when rank 0 ended if
+    ``until_rank0``, then killed), seconds until it ended, and output."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "WORLD_SIZE": str(world), "GLOO_SOCKET_IFNAME": "lo",
+           "CURVGAP_TEST_TIMEOUT": str(timeout), "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    processes = [subprocess.Popen([sys.executable, str(WORKER), scenario, str(out)],
+                                  env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for rank in range(world)]
+    ended = [None] * world
+    while None in ended[:1 if until_rank0 else world] and time.monotonic() - start < wait:
+        for rank, process in enumerate(processes):
+            if ended[rank] is None and process.poll() is not None:
+                ended[rank] = time.monotonic() - start
+        time.sleep(0.1)
+    runs = []
+    for rank, process in enumerate(processes):
+        if ended[rank] is None:
+            process.kill()
+        output = process.communicate()[0]
+        runs.append((None if ended[rank] is None else process.returncode,
+                     ended[rank] or wait, output))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def single_process() -> dict[str, torch.Tensor]:
+    """Every result on one process (no process group) over all the samples."""
+    torch.manual_seed(0)
+    return worker.results(0, 1)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def _check_world(world: int, single_process: dict, tmp_path: Path) -> None:
+    runs = launch("results", world, tmp_path)
+    for rank, (code, _, output) in enumerate(runs):
+        assert code == 0, f"rank {rank} failed:\n{output[-3000:]}"
+    found = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+    for name, expected in single_process.items():
+        for rank in range(world):
+            assert found[rank][name].shape == expected.shape, name
+            assert _relative(found[rank][name], expected) <= 1e-12, (name, rank)
+            assert torch.equal(found[rank][name], found[0][name]), (name, rank)
+
+
+def test_three_ranks_with_an_empty_shard_give_the_single_process_results(single_process,
+                                                                         tmp_path):
+    _check_world(3, single_process, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_uneven_ranks_give_the_single_process_results(single_process, tmp_path):
+    _check_world(2, single_process, tmp_path)
+
+
+def test_single_process_results_are_the_means_over_the_samples(single_process):
+    """The dataset results (batches of 4 over 13 samples) are those of one batch of all 13,
+    whose functions are checked against autograd elsewhere."""
+    layer, data = worker.layer_problem()
+    X, T = data.tensors
+    c = curvgap.curvature(layer)
+    n = sum(p.numel() for p in layer.parameters())
+    assert _relative(single_process["layer.loss_hessian"], c.loss_hessian(X, T)) <= 1e-13
+    assert _relative(single_process["layer.hvp"], c.hvp(X, T, worker.directions(n, 3))) <= 1e-13
+    assert _relative(single_process["layer.diagonal"],
+                     c.diagonal(X, T, part="functional")) <= 1e-13
+
+
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_stops_the_others_with_its_error(tmp_path):
+    runs = launch("raise", 2, tmp_path)
+    assert [code for code, _, _ in runs] == [1, 1]
+    raised = (tmp_path / "rank1.err").read_text()
+    assert raised.startswith("ValueError: "), raised  # the malformed batch's own error
+    said = (tmp_path / "rank0.err").read_text()
+    assert said == f"RankError: hvp over the dataset, rank 0 of 2: rank 1 raised {raised}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["die", "hang"])
+def test_a_rank_that_dies_or_never_arrives_stops_the_others_at_the_timeout(scenario,
+                                                                          tmp_path):
+    code, seconds, output = launch(scenario, 2, tmp_path, timeout=5.0, wait=60.0,
+                                   until_rank0=True)[0]
+    assert code == 1, output[-3000:]
+    said = (tmp_path / "rank0.err").read_text()
+    assert said.startswith("RankError: hvp over the dataset, rank 0 of 2: gathering every "
+                           "rank's sample count failed: another rank stopped"), said
+    assert seconds < 40  # start-up, then at most the 5 s timeout: not the 600 s of the hang
+
+
+@pytest.mark.slow
+def test_ranks_given_different_vectors_refuse(tmp_path):
+    runs = launch("differ", 2, tmp_path)
+    assert [code for code, _, _ in runs] == [1, 1]
+    for rank in range(2):
+        said = (tmp_path / f"rank{rank}.err").read_text()
+        assert said == ("ValueError: hvp: expected the same arguments and weights on every "
+                        "rank (the result is one mean over every rank's shard), got others on "
+                        "rank 1 than on rank 0"), said
