@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", action="store_true",
                        help="the HVP, Gauss–Newton product, diagonal, structured block and "
                             "dense-block memory from the headline size to GPT-2 width")
+    bench.add_argument("--distributed", action="store_true",
+                       help="curvature over the digits ViT's training set on 1 and 2 "
+                            "processes (torch.distributed, gloo on 127.0.0.1)")
     bench.add_argument("--out", metavar="DIR", default="bench-results",
                        help="where bench.json and bench.png go (default: bench-results/)")
     latex = commands.add_parser("latex", help="write one config's formulas as a LaTeX document")
@@ -149,7 +152,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 #: The optional packages each command needs, and the extra that installs them.
-EXTRAS = {"bench": (("matplotlib",), "bench"),
+EXTRAS = {"bench": (("matplotlib", "sklearn"), "bench"),
           "reproduce": (("matplotlib", "scipy", "sklearn"), "analysis")}
 
 
@@ -172,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"curvgap: error: {missing}", file=sys.stderr)
         return 2
+    if args.command == "bench" and args.distributed:
+        from ..benchmarks.distributed import run_distributed
+
+        run_distributed(args.quick, Path(args.out))
+        return 0
     if args.command == "bench" and args.scale:
         from ..benchmarks.scale import run_scale
 
