@@ -4,7 +4,9 @@ the union of the shards, which are uneven and, with three ranks, one empty."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -136,3 +138,39 @@ def test_ranks_given_different_vectors_refuse(tmp_path):
         assert said == ("ValueError: hvp: expected the same arguments and weights on every "
                         "rank (the result is one mean over every rank's shard), got others on "
                         "rank 1 than on rank 0"), said
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_vit_top_eigenvalue.py"
+
+
+def _top_eigenvalue(command: list[str]) -> tuple[int, float]:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command + [str(EXAMPLE), "--epochs", "4"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    found = re.findall(r"top Hessian eigenvalue over the 1438 training images, (\d) process"
+                       r"(?:es)?: (\S+)", run.stdout)
+    assert len(found) == 1, run.stdout
+    return int(found[0][0]), float(found[0][1])
+
+
+@pytest.mark.slow
+def test_the_torchrun_example_runs_and_agrees_with_one_process():
+    one = _top_eigenvalue([sys.executable])
+    two = _top_eigenvalue([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "--master_addr", "127.0.0.1", "--master_port",
+                           str(_free_port())])
+    assert one[0] == 1 and two[0] == 2
+    assert abs(two[1] - one[1]) <= 1e-8 * abs(one[1])
+
+
+@pytest.mark.slow
+def test_the_distributed_benchmark_runs_and_its_processes_agree(tmp_path):
+    from curvgap.benchmarks.distributed import run_distributed
+
+    results = run_distributed(quick=True, out=tmp_path, report=lambda line: None)
+    assert [row["function"] for row in results["rows"]] == ["hvp", "gnvp"]
+    for row in results["rows"]:
+        two = row["2 processes, 1 thread each"]
+        assert two["samples_per_second"] > 0 and two["relative_difference"] <= 1e-12
+    assert json.loads((tmp_path / "distributed.json").read_text())["rows"] == results["rows"]

@@ -2,8 +2,8 @@
 
 The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
 import itself and the packages before it. ``cli``, ``benchmarks``, ``analysis``,
-``adapters`` (real layers), ``models`` (stacks of blocks) and ``operators`` (curvature as
-linear operators, structured blocks) sit on top
+``adapters`` (real layers), ``models`` (stacks of blocks), ``operators`` (curvature as
+linear operators, structured blocks) and ``data`` (means over datasets and ranks) sit on top
 (they may import anything), and nothing below them imports them. Every import counts, at
 module level or inside a function.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
-ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models", "operators"]
+ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models", "operators", "data"]
 
 
 def _modules() -> dict[str, Path]:

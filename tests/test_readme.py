@@ -1,6 +1,6 @@
 """The README's examples run as written: every ``python`` block, and every ``bash`` block
 that is not an installation or a long job with a test of its own (``--pdf``, ``bench``,
-``reproduce``), in a fresh folder."""
+``reproduce``, ``torchrun``), in a fresh folder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"^```(python|bash)\n(.*?)^```", README.read_text(), re.M | re.S)
-LONG = ("pip install", "--pdf", "curvgap bench", "curvgap reproduce")
+LONG = ("pip install", "--pdf", "curvgap bench", "curvgap reproduce", "torchrun")
 EXAMPLES = [(kind, code) for kind, code in BLOCKS
             if kind == "python" or not any(word in code for word in LONG)]
 
