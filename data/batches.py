@@ -9,9 +9,9 @@ the mean over every sample, whatever the batching. Batches are taken one at a ti
 iterable of pairs (a ``torch.utils.data.DataLoader`` over a dataset of ``(X, T)``), so
 memory is one batch's and one running sum. With a ``torch.distributed`` process group
 initialised, every rank passes its own shard and the sums and counts are added over the
-ranks (:mod:`.ranks`): every rank gets the mean over the union of the shards, which may be
-uneven or empty. Long passes show a ``tqdm`` bar on rank 0 (on a terminal, after a second;
-``TQDM_DISABLE=1`` turns it off).
+ranks (:mod:`curvgap.data.ranks`): every rank gets the mean over the union of the shards,
+which may be uneven or empty. Long passes show a ``tqdm`` bar on rank 0 (on a terminal,
+after a second; ``TQDM_DISABLE=1`` turns it off).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import ranks
+from .ranks import Contribution, RankError, current, device, gather, sum_over_ranks
 
 Array = Any  # a torch tensor or a numpy array
 
@@ -82,7 +82,7 @@ def _fingerprint(value: Any) -> str:
 
 
 def _progress(batches: Iterable, what: str) -> Iterable:
-    here = ranks.current()
+    here = current()
     try:
         length = len(batches)
     except TypeError:  # an iterable without a length (an IterableDataset's loader)
@@ -117,7 +117,7 @@ def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
     """``Σ_i B_i compute(X_i, T_i) / Σ_i B_i`` over ``batches`` (and over every rank's
     shard when a process group is initialised; then ``arguments``, the call's other
     inputs, must be equal on every rank). ``what`` names the function in errors."""
-    here = ranks.current()
+    here = current()
     if here is None:
         total, count = _sum(batches, compute, what)
         if count == 0:
@@ -130,7 +130,7 @@ def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
     except Exception as error:  # reaches the collective, so the other ranks learn of it
         failure = error
     layout = None if total is None else (tuple(total.shape), str(total.dtype))
-    everyone = ranks.gather(ranks.Contribution(
+    everyone = gather(Contribution(
         count, layout, _fingerprint(arguments),
         None if failure is None else f"{type(failure).__name__}: {failure}"), what)
     if failure is not None:
@@ -138,13 +138,13 @@ def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
     return _reduced(total, everyone, what)
 
 
-def _reduced(total: Array | None, everyone: list[ranks.Contribution], what: str) -> Array:
+def _reduced(total: Array | None, everyone: list[Contribution], what: str) -> Array:
     """The mean over ranks of the sums ``total`` whose contributions are ``everyone``."""
-    rank, size = ranks.current()
+    rank, size = current()
     failed = [(r, c.failure) for r, c in enumerate(everyone) if c.failure is not None]
     if failed:
         r, said = failed[0]
-        raise ranks.RankError(f"{what} over the dataset, rank {rank} of {size}: rank {r} "
+        raise RankError(f"{what} over the dataset, rank {rank} of {size}: rank {r} "
                               f"raised {said}")
     differing = [r for r, c in enumerate(everyone) if c.arguments != everyone[0].arguments]
     if differing:
@@ -163,8 +163,8 @@ def _reduced(total: Array | None, everyone: list[ranks.Contribution], what: str)
     if total is None:  # an empty shard adds zeros
         total = (np.zeros(shape, dtype=np.dtype(dtype)) if not dtype.startswith("torch.")
                  else torch.zeros(shape, dtype=getattr(torch, dtype[6:]),
-                                  device=ranks.device()))
-    ranks.sum_over_ranks(torch.from_numpy(total) if isinstance(total, np.ndarray) else total,
+                                  device=device()))
+    sum_over_ranks(torch.from_numpy(total) if isinstance(total, np.ndarray) else total,
                          what)
     return total / sum(c.count for c in everyone)
 
