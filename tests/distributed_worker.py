@@ -34,18 +34,22 @@ SHARDS = {1: [SAMPLES], 2: [4, 9], 3: [6, 0, 7]}
 
 
 def layer_problem() -> tuple[torch.nn.Module, TensorDataset]:
-    """A post-LN encoder layer (``L = 5, d = 8, d_k = 4, d_ff = 12``) and its data."""
+    """A pre-LN GELU encoder layer (``L = 5, d = 8, d_k = 4, d_ff = 12``) and its data."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(8, 2, 12, batch_first=True, dropout=0.0,
+                                             activation="gelu", norm_first=True,
                                              dtype=torch.float64).eval()
     X = torch.randn(SAMPLES, 5, 8, dtype=torch.float64)
     return layer, TensorDataset(X, torch.randn_like(X))
 
 
 def encoder_problem() -> tuple[torch.nn.Module, TensorDataset]:
-    """A two-layer ``nn.TransformerEncoder`` of that layer, and its data."""
+    """A two-layer ``nn.TransformerEncoder`` of that layer with a final norm, and its
+    data."""
     layer, data = layer_problem()
-    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    norm = torch.nn.LayerNorm(8, eps=1e-6, dtype=torch.float64)
+    encoder = torch.nn.TransformerEncoder(layer, 2, norm=norm, enable_nested_tensor=False)
+    encoder = encoder.eval()
     return encoder, data
 
 
