@@ -99,6 +99,15 @@ def results(rank: int, world: int) -> dict[str, torch.Tensor]:
     out["layer.gnvp"] = c.gnvp(loader, directions(n))
     out["layer.diagonal"] = c.diagonal(loader, part="functional")
     out["layer.top_eigenvalue"] = torch.tensor(top_eigenvalue(c.hessian_operator(loader)))
+    try:
+        import curvlinops
+    except ImportError:  # an optional extra: the single-process run skips it too
+        pass
+    else:  # one seed on every rank: the same random vectors, so the same products
+        torch.manual_seed(0)
+        operator = c.hessian_operator(loader, part="gauss_newton")
+        out["layer.hutchinson_trace"] = torch.as_tensor(
+            curvlinops.hutchinson_trace(operator, num_matvecs=6))
     encoder, data = encoder_problem()
     c, loader = curvgap.curvature(encoder), shard(data, rank, world)
     n = sum(p.numel() for p in encoder.parameters())
