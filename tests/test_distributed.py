@@ -81,6 +81,7 @@ def _check_world(world: int, single_process: dict, tmp_path: Path) -> None:
             assert torch.equal(found[rank][name], found[0][name]), (name, rank)
 
 
+@pytest.mark.slow
 def test_three_ranks_with_an_empty_shard_give_the_single_process_results(single_process,
                                                                          tmp_path):
     _check_world(3, single_process, tmp_path)
