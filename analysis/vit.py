@@ -305,7 +305,7 @@ def plot_convergence(result: Convergence, path: Path) -> None:
     slope = result.slope_optimum
     trend = np.exp(np.polyval([slope, 0], np.log(k)))
     fit_at = np.exp(np.median(np.log(result.gap_optimum[9:] + 1e-300))) / np.median(trend[9:])
-    ax.plot(k, fit_at * trend, color="gray", lw=1, label=f"log–log trend, slope {slope:.2f}")
+    ax.plot(k, fit_at * trend, color="gray", lw=1, label=f"log–log trend, slope {slope:.3f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("k (training samples)")
