@@ -82,6 +82,14 @@ D_SCALES = {"s_Q": 3.0, "s_K": -0.944248, "s_V": 3.0, "s_1": -4.742871, "s_2": -
 E = {"L": 13, "d": 3, "d_k": 1, "d_ff": 5}
 E_SCALES = {"s_Q": -3.925468, "s_K": -3.787564, "s_V": -3.43943, "s_1": -3.885633,
             "s_2": 2.131792, "s_x": -2.867336, "s_c": -1.703726, "s_t": -2.439676}
+F = C
+F_SCALES = {"s_Q": -3.582481, "s_K": -1.631595, "s_V": 0.112328, "s_1": -4.216968,
+            "s_2": -2.572673, "s_x": -3.235594, "s_c": -0.172741, "s_t": -3.199532}
+G = D
+G_SCALES = {"s_Q": 2.138507, "s_K": 1.963603, "s_V": -0.545988, "s_1": -4.648438,
+            "s_2": -2.346884, "s_x": -1.111697, "s_c": -0.51052, "s_t": 1.026526}
+PHI_AND_SIGMA = ("Theorem 6's Q-K blocks use the printed Phi_QK bound and Lemma 8.4's printed "
+                 "sigma_min, both violated at this instance (docs/ERRATA.md)")
 SEARCHED = [
     (False, 20036, A, A_SCALES, "Theorem 1 (appendix)", "H(K,K) Gauss–Newton", STEP_1),
     (False, 20036, A, A_SCALES, "Theorem 1 (appendix)", "H(Q,Q) Gauss–Newton", STEP_1),
@@ -95,6 +103,9 @@ SEARCHED = [
     (True, 20116, D, D_SCALES, "Lemma 8.4", "‖J_Y‖", SIGMA_MIN),
     (True, 20098, E, E_SCALES, "§7.6 Φ bounds", "‖Φ_QK‖", LOSS_FACTOR),
     (True, 20098, E, E_SCALES, "§7.6 Φ bounds", "‖Φ_VK‖", LOSS_FACTOR),
+    (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(Q,K)", PHI_AND_SIGMA),
+    (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(K,Q)", PHI_AND_SIGMA),
+    (True, 20116, G, G_SCALES, "Lemma 8.4", "‖H_Y‖", SIGMA_MIN),
 ]
 
 
