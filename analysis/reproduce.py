@@ -263,7 +263,9 @@ READINGS = """Readings of the printed formulas (see `docs/ERRATA.md`):
 - Per sample: `X` is one `L×d` input, `ℓ = ‖Z − T‖_F²/(L·d)`, `H_i = ∇²_w ℓ`; `‖·‖` spectral.
 - Theorem 1: the per-block bounds are the summands of the four arguments of the max (§7.1,
   step 6): Gauss–Newton (`H_o`) and functional (`H_f`); `H(K,K)`, `H(V,K)` are `H(Q,Q)`,
-  `H(V,Q)` with `W_Q ↔ W_K`. Main text uses `√min(L,d)`, the appendix `√rank(F − T)`. The
+  `H(V,Q)` with `W_Q ↔ W_K`. Main text uses `√min(L,d)`, the appendix `√rank(F − T)`.
+  `M ≥ ‖H‖` is the printed `M`, `3 max` of its four arguments; `M ≥ ‖H‖, six blocks (ours)`
+  is our repair, `3 max` over all six blocks, as the proof's step 6 assembles. The
   true `‖H(V,V)‖` comes from the block's exact Kronecker form `A ⊗ I_d` (`A` is `d × d`).
 - Theorem 6: every factor by its printed bound (§7.6, Prop. 8.3 for `‖Y‖, ‖S‖`, Lemma 8.4 for
   `J_Y, H_Y, J_Z, H_Z` with the measured `‖X + F(X)‖` and `σ_min` of both LayerNorm inputs,
