@@ -112,6 +112,7 @@ SEARCHED = [
     (True, 20098, E, E_SCALES, "§7.6 Φ bounds", "‖Φ_VK‖", LOSS_FACTOR),
     (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(Q,K)", PHI_AND_SIGMA),
     (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(K,Q)", PHI_AND_SIGMA),
+    (True, 20042, F, F_SCALES, "§7.6 Φ bounds", "‖Φ_KQ‖", LOSS_FACTOR),
     (True, 20116, G, G_SCALES, "Lemma 8.4", "‖H_Y‖", SIGMA_MIN),
 ]
 
