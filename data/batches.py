@@ -200,20 +200,30 @@ def _rebound(signature: inspect.Signature, args: tuple, kwargs: dict
     return X, bound, target
 
 
+def _dispatching(method: Callable, over: Callable[[Any, inspect.BoundArguments, str, tuple],
+                                                   Any]) -> Callable:
+    """``method`` as it is on one batch, and ``over(batches, bound, target, args)`` when its
+    ``X`` is a dataset's batches (``bound``: the call's arguments, ``X`` and the target
+    ``None``)."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rebound = _rebound(signature, args, kwargs)
+        if rebound is None:
+            return method(*args, **kwargs)
+        return over(*rebound, args)
+
+    return wrapper
+
+
 def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
     """Let a method ``f(…, X, T, …)`` that averages over its batch also take, in place of
     ``X, T``, a dataset's batches (``f(…, loader, …)``): then it returns :func:`mean` of
     ``f`` over them. ``state(self)`` is what else must agree on every rank (the weights)."""
 
     def decorate(method: Callable) -> Callable:
-        signature = inspect.signature(method)
-
-        @functools.wraps(method)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rebound = _rebound(signature, args, kwargs)
-            if rebound is None:
-                return method(*args, **kwargs)
-            batches, bound, target = rebound
+        def over(batches: Any, bound: inspect.BoundArguments, target: str, args: tuple) -> Any:
             others = {k: v for k, v in bound.arguments.items()
                       if k not in ("self", "X", target)}
 
@@ -224,7 +234,7 @@ def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
             agreed = (others, state(args[0])) if state is not None else others
             return mean(batches, compute, method.__name__, agreed)
 
-        return wrapper
+        return _dispatching(method, over)
 
     return decorate
 
@@ -232,15 +242,9 @@ def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
 def takes_batches(method: Callable) -> Callable:
     """Let a method ``f(…, X, T, …)`` take a dataset's batches in place of ``X, T``
     (``f(…, loader, …)``), passed on as ``X`` with the target ``None``."""
-    signature = inspect.signature(method)
 
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        rebound = _rebound(signature, args, kwargs)
-        if rebound is None:
-            return method(*args, **kwargs)
-        batches, bound, _ = rebound
+    def over(batches: Any, bound: inspect.BoundArguments, target: str, args: tuple) -> Any:
         bound.arguments["X"] = batches
         return method(*bound.args, **bound.kwargs)
 
-    return wrapper
+    return _dispatching(method, over)
