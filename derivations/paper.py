@@ -7,9 +7,11 @@ name       meaning                                paper layout (rows × cols)
 =========  =====================================  ===========================
 ``J_Z``    ``∂Z/∂S``                               ``(L·d) × (L·d)``
 ``H_Z``    ``∂²Z/∂S²``                             ``(L·d·L·d) × (L·d)``
-``J_Y``    ``∂Y/∂(X + F)``                          ``(L·d) × (L·d)``
+``J_Y``    ``∂Y/∂U``, ``U = X + F``                  ``(L·d) × (L·d)``
+``H_Y``    ``∂²Y/∂U²``                             ``(L·d·L·d) × (L·d)``
 ``J_SY``   ``∂S/∂Y``                               ``(L·d) × (L·d)``
 ``G_k``    ``∂F/∂W_k``, ``k ∈ {Q, K, V}``            ``(L·d) × n_k``
+``Phi_kl`` ``∂G_k/∂W_l = ∂²F/∂W_k∂W_l``              ``(L·d·n_k) × n_l``
 ``B_i``    ``∂S/∂W_i``                             ``(L·d) × n_i``
 ``xi_ij``  ``∂B_i/∂W_j = ∂²S/∂W_i∂W_j``              ``(L·d·n_i) × n_j``
 ``H_tr_ij`` ``∂²Z/∂W_i∂W_j``                        ``(L·d·n_i) × n_j``
@@ -57,6 +59,7 @@ class BlockObjects:
         self.X, self.Z, self.params, _ = build_network(self.graph, config)
         self.forward = list(self.graph.assigns)
         self._tangents: dict[str, calculus.Tangents] = {}
+        self._seconds: dict[tuple[str, str], calculus.Tangents] = {}
         self._objects: dict[str, NamedObject] = {}
 
     def tensor(self, name: str) -> Tensor:
@@ -79,17 +82,19 @@ class BlockObjects:
                            self._size(wrt))
 
     def _second(self, name: str, of: str, first: str, second: str) -> NamedObject:
-        a, b = self._first(first), self._first(second)
-        renamed = {i: self.graph.index(i.dim, "q") for i in b.indices}
-        with self.graph.group(f"paper_{first}_{second}"):
-            both = calculus.propagate_second(self.graph, self.forward, a, b, renamed,
-                                             f"paper_{first}{second}")
+        if (first, second) not in self._seconds:
+            a, b = self._first(first), self._first(second)
+            renamed = {i: self.graph.index(i.dim, "q") for i in b.indices}
+            with self.graph.group(f"paper_{first}_{second}"):
+                self._seconds[first, second] = calculus.propagate_second(
+                    self.graph, self.forward, a, b, renamed, f"paper_{first}{second}")
+        both = self._seconds[first, second]
         return NamedObject(name, both.of(self.tensor(of)),
                            self._size(of) * self._size(first), self._size(second))
 
     def get(self, name: str) -> NamedObject:
-        """``J_Z``, ``H_Z``, ``J_Y``, ``J_SY``, ``G_k``, ``B_i``, ``xi_ij`` or ``H_tr_ij``
-        (``i, j, k`` among ``Q K V 1 2``, ``G_k`` for ``Q K V`` only)."""
+        """``J_Z``, ``H_Z``, ``J_Y``, ``H_Y``, ``J_SY``, ``G_k``, ``Phi_kl``, ``B_i``,
+        ``xi_ij`` or ``H_tr_ij`` (``i, j`` among ``Q K V 1 2``; ``k, l`` among ``Q K V``)."""
         if name not in self._objects:
             self._objects[name] = self._derive(name)
         return self._objects[name]
@@ -102,16 +107,20 @@ class BlockObjects:
             return self._second(name, "Z", "S", "S")
         if name == "J_Y":
             return self._jacobian(name, "Y", "U")
+        if name == "H_Y":
+            return self._second(name, "Y", "U", "U")
         if name == "J_SY":
             return self._jacobian(name, "S", "Y")
         if head == "G" and tail in ("Q", "K", "V"):
             return self._jacobian(name, "F", WEIGHTS[tail])
+        if head == "Phi" and len(tail) == 2 and set(tail) <= set("QKV"):
+            return self._second(name, "F", WEIGHTS[tail[0]], WEIGHTS[tail[1]])
         if head == "B" and tail in WEIGHTS:
             return self._jacobian(name, "S", WEIGHTS[tail])
         if head == "xi" and len(tail) == 2 and set(tail) <= set(WEIGHTS):
             return self._second(name, "S", WEIGHTS[tail[0]], WEIGHTS[tail[1]])
         if name.startswith("H_tr_") and len(name) == 7 and set(name[5:]) <= set(WEIGHTS):
             return self._second(name, "Z", WEIGHTS[name[5]], WEIGHTS[name[6]])
-        raise ValueError(f"name: expected J_Z, H_Z, J_Y, J_SY, G_k, B_i, xi_ij or H_tr_ij "
-                         f"with i, j in Q K V 1 2 (k in Q K V), got {name!r}")
+        raise ValueError(f"name: expected J_Z, H_Z, J_Y, H_Y, J_SY, G_k, Phi_kl, B_i, xi_ij "
+                         f"or H_tr_ij with i, j in Q K V 1 2 (k, l in Q K V), got {name!r}")
 

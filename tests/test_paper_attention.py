@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+import torch
 from conftest import commutation
 
 from curvgap.derivations.config import validate
@@ -36,7 +37,7 @@ def softmax_pieces(params, X):
     for i in range(L):
         dA[i * L:(i + 1) * L, i * L:(i + 1) * L] = np.diag(A[i]) - np.outer(A[i], A[i])
     Z1 = np.kron(np.eye(L), X.T) @ dA @ np.kron(X, X)
-    return A, Z1
+    return A, dA, Z1
 
 
 def block(params, X, target, first, second, part):
@@ -48,7 +49,7 @@ def block(params, X, target, first, second, part):
 
 def test_gauss_newton_VV_is_M1tM1_kron_I(case):
     params, X, target = case
-    A, _ = softmax_pieces(params, X[0])
+    A, _, _ = softmax_pieces(params, X[0])
     M1 = A @ X[0]
     printed = 2 / (L * d) * np.kron(M1.T @ M1, np.eye(d))
     mine = block(params, X, target, "W_V", "W_V", "gauss_newton")
@@ -64,7 +65,7 @@ def test_functional_VV_is_zero(case):
 def test_printed_gauss_newton_blocks(case, first, second):
     params, X, target = case
     W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
-    A, Z1 = softmax_pieces(params, X[0])
+    A, _, Z1 = softmax_pieces(params, X[0])
     M1 = A @ X[0]
     middle = Z1.T @ np.kron(np.eye(L), W_V @ W_V.T) @ Z1
     if (first, second) == ("W_Q", "W_Q"):
@@ -97,3 +98,259 @@ def test_engine_shows_the_kronecker_structure_of_the_VV_block():
     assert term.coeff == 2 / (L_ * d_)
     functional = next(a for a in der.graph.assigns if a.target.name == "functional_W_V_W_V")
     assert functional.expr.is_zero
+
+
+# -- the printed objects of App. B.1, B.4 and the Φ lemma (App. C), as printed ---------------
+def vec_r(A: np.ndarray) -> np.ndarray:
+    return A.reshape(-1, 1)
+
+
+def softmax_second_derivative(T: np.ndarray) -> np.ndarray:
+    """``∂²A/∂T²`` of the row softmax by reverse-over-reverse autograd, paper layout
+    ``(L²·L²) × L²``: entry ``[a·L² + t, t']`` is ``∂²vec_r(A)_a/∂vec_r(T)_t∂vec_r(T)_t'``."""
+    n = T.shape[0]
+
+    def softmax(t):
+        return torch.softmax(t.reshape(n, n), -1).reshape(-1)
+
+    t = torch.tensor(T.reshape(-1))
+    second = torch.autograd.functional.jacobian(
+        lambda s: torch.autograd.functional.jacobian(softmax, s, create_graph=True).reshape(-1),
+        t)
+    return second.numpy().reshape(n ** 4, n ** 2)
+
+
+def printed_objects(params, X, target):
+    """``A``, ``∂A/∂T``, ``Z_1``, ``Z_2``, ``S``, ``R_m`` exactly as printed (App. B.1)."""
+    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
+    X = X[0]
+    A, dA, Z1 = softmax_pieces(params, X)
+    T = X @ W_Q @ W_K.T @ X.T / np.sqrt(d_k)
+    Z2 = (np.kron(np.eye(L), np.kron(X.T, np.kron(X.T, X.T))) @ softmax_second_derivative(T)
+          @ np.kron(X, X))
+    S = np.kron(np.eye(d), commutation(d, d)) @ np.kron(vec_r(np.eye(d)), np.eye(d))
+    residual = A @ X @ W_V - target[0]
+
+    def R(m):
+        return np.kron(vec_r(residual).T, np.eye(m))
+
+    return {"A": A, "dA": dA, "Z1": Z1, "Z2": Z2, "S": S, "R": R, "X": X}
+
+
+def test_lemma_C1_softmax_hessian_rows_as_printed():
+    """Row ``i`` of ``∂²A_ij/∂T_i,:∂T_i,:`` is ``A_ij(2 a aᵀ + E_jj − diag a − e_j aᵀ − a e_jᵀ)``,
+    ``a = A_i,:`` (App. B.1, step 5), and nothing couples different rows."""
+    T = np.random.default_rng(2).normal(size=(L, L)) * 2
+    second = softmax_second_derivative(T).reshape(L, L, L, L, L, L)  # [i, j, i', k, i'', k']
+    A = np.exp(T - T.max(-1, keepdims=True))
+    A /= A.sum(-1, keepdims=True)
+    for i in range(L):
+        a = A[i]
+        for j in range(L):
+            e = np.eye(L)[j]
+            printed = A[i, j] * (2 * np.outer(a, a) + np.outer(e, e) - np.diag(a)
+                                 - np.outer(e, a) - np.outer(a, e))
+            assert np.abs(second[i, j, i, :, i, :] - printed).max() < 1e-14
+            others = np.delete(np.delete(second[i, j], i, axis=0), i, axis=2)
+            assert not others.any()
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0, 4.0, 30.0])
+def test_softmax_hessian_norm_is_not_the_max_of_its_blocks_but_is_far_below_6(scale):
+    """Step 5 says ``‖∂²A/∂T²‖ = max_ij ‖∂²A_ij/∂T_i,:²‖ ≤ 6``. In the paper's layout the
+    blocks of one row ``i`` are stacked, so the norm is ``max_i ‖[C_i1; …; C_iL]‖`` and can
+    exceed the largest block (uniform attention: 0.27 against 0.19); ``≤ 6`` holds with
+    room (the largest found by search over ``T`` is about 0.272, docs/ERRATA.md)."""
+    T = scale * np.random.default_rng(4).normal(size=(L, L))
+    second = softmax_second_derivative(T)
+    blocks = second.reshape(L, L, L, L, L, L)
+    largest_block = max(np.linalg.norm(blocks[i, j, i, :, i, :], 2)
+                        for i in range(L) for j in range(L))
+    norm = np.linalg.norm(second, 2)
+    stacked = max(np.linalg.norm(blocks[i, :, i, :, i, :].reshape(L * L, L), 2)
+                  for i in range(L))
+    assert abs(norm - stacked) < 1e-12 * max(norm, 1e-300)
+    assert norm <= 6
+    if scale == 0.0:
+        assert norm > 1.3 * largest_block
+
+
+def test_Z_2_as_printed_and_its_bound(case):
+    """``Z_2 = (I_L⊗Xᵀ⊗Xᵀ⊗Xᵀ) ∂²A/∂T² (X⊗X)`` chains, ``(L·d³) × d²``, and
+    ``‖Z_2‖ ≤ 6‖X‖⁵`` (step 5) holds."""
+    params, X, target = case
+    Z2 = printed_objects(params, X, target)["Z2"]
+    assert Z2.shape == (L * d ** 3, d ** 2)
+    assert np.linalg.norm(Z2, 2) <= 6 * np.linalg.norm(X[0], 2) ** 5
+
+
+def test_S_is_d_cubed_by_d_not_d_squared_by_d(case):
+    """App. B.1 and the Φ lemma state ``S = (I_d⊗K_{d,d})(vec_r I_d ⊗ I_d) ∈ R^{d²×d}``; its
+    factors make it ``d³ × d``, which is the shape ``H_f(V,Q)`` needs."""
+    S = printed_objects(*case)["S"]
+    assert S.shape == (d ** 3, d) != (d ** 2, d)
+
+
+def test_R_m_carries_the_loss_gradient_up_to_2_over_L_d(case):
+    """``R_m = vec_r(F − T)ᵀ ⊗ I_m`` (``m × m·L·d``): the functional block is
+    ``H_f(W_i, W_j) = (2/(L d)) R_{n_i} Φ_ij`` for the loss ``‖F − T‖_F²/(L d)`` with the
+    engine's ``Φ_ij = ∂²F/∂W_i∂W_j``, and ``‖R_m‖ = ‖F − T‖_F ≤ √rank ‖F − T‖₂`` (step 4)."""
+    params, X, target = case
+    objects = printed_objects(params, X, target)
+    residual = (attention.forward(params, X) - target)[0]
+    for first, second in (("W_Q", "W_Q"), ("W_V", "W_Q"), ("W_Q", "W_K"), ("W_K", "W_V")):
+        R = objects["R"](params[first].size)
+        assert R.shape == (params[first].size, params[first].size * L * d)
+        Phi = attention.output_hessian(params, X[0], first, second)
+        mine = block(params, X, target, first, second, "functional")
+        assert np.abs(2 / (L * d) * R @ Phi - mine).max() <= 1e-12 * np.abs(mine).max()
+    R = objects["R"](3)
+    frobenius = np.linalg.norm(residual)
+    assert abs(np.linalg.norm(R, 2) - frobenius) <= 1e-12 * frobenius
+    rank = np.linalg.matrix_rank(residual)
+    assert frobenius <= np.sqrt(rank) * np.linalg.norm(residual, 2) * (1 + 1e-12)
+
+
+def _printed_functional(name, params, objects):
+    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
+    R, Z1, Z2, S = objects["R"], objects["Z1"], objects["Z2"], objects["S"]
+    outer = np.kron(np.eye(L), np.kron(W_V.T, np.kron(np.eye(d), W_K.T)))
+    if name == "QQ":
+        return 2 / (L * d * d_k) * R(d * d_k) @ outer @ Z2 @ np.kron(np.eye(d), W_K)
+    if name == "VQ":
+        return (2 / (L * d * np.sqrt(d_k)) * R(d * d) @ np.kron(np.eye(L), S) @ Z1
+                @ np.kron(np.eye(d), W_K))
+    return (2 / (L * d * d_k) * R(d * d_k) @ outer @ Z2 @ np.kron(W_Q, np.eye(d))
+            @ commutation(d_k, d))                  # H_f(Q,K): its first term only
+
+
+@pytest.mark.parametrize("first, second, name", [("W_Q", "W_Q", "QQ"), ("W_V", "W_Q", "VQ")])
+def test_printed_functional_blocks_QQ_and_VQ_agree(case, first, second, name):
+    """``H_f(Q,Q)`` and ``H_f(V,Q)`` as printed (``S`` taken at its real size ``d³ × d``)
+    equal the engine's functional blocks."""
+    params, X, target = case
+    printed = _printed_functional(name, params, printed_objects(params, X, target))
+    mine = block(params, X, target, first, second, "functional")
+    assert np.abs(printed - mine).max() <= 1e-12 * np.abs(mine).max()
+
+
+def test_printed_functional_QK_agrees_with_S_kron_I_applied_last(case):
+    """``H_f(Q,K)`` as printed, its second term
+    ``(2/(L d √d_k)) R_d (I_L⊗W_Vᵀ⊗I_d)(Z_1⊗I_d) S ⊗ I_{d_k}`` read as ``(… S) ⊗ I_{d_k}``,
+    equals the engine's block; read as ``(…)(S ⊗ I_{d_k})`` it does not chain
+    (``d³`` columns against ``d³ d_k`` rows)."""
+    params, X, target = case
+    objects = printed_objects(params, X, target)
+    Z1, S, R = objects["Z1"], objects["S"], objects["R"]
+    head = R(d) @ np.kron(np.eye(L), np.kron(params["W_V"].T, np.eye(d))) @ np.kron(Z1, np.eye(d))
+    assert head.shape[1] != np.kron(S, np.eye(d_k)).shape[0]
+    second = 2 / (L * d * np.sqrt(d_k)) * np.kron(head @ S, np.eye(d_k))
+    printed = _printed_functional("QK", params, objects) + second
+    mine = block(params, X, target, "W_Q", "W_K", "functional")
+    assert np.abs(printed - mine).max() <= 1e-12 * np.abs(mine).max()
+    assert np.abs(second).max() > 0.1 * np.abs(mine).max()      # both terms matter
+
+
+def _printed_phi(name, params, objects):
+    """The Φ lemma's ``Φ_QQ``, ``Φ_VQ`` and the first term of ``Φ_QK``, as printed."""
+    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
+    outer = np.kron(np.eye(L), np.kron(W_V.T, np.kron(np.eye(d), W_K.T)))
+    if name == "QQ":
+        return 2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(np.eye(d), W_K)
+    if name == "VQ":
+        return (2 / (L * d * np.sqrt(d_k)) * np.kron(np.eye(L), objects["S"]) @ objects["Z1"]
+                @ np.kron(np.eye(d), W_K))
+    return (2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(W_Q, np.eye(d))
+            @ commutation(d_k, d))
+
+
+@pytest.mark.parametrize("first, second, name", [("W_Q", "W_Q", "QQ"), ("W_V", "W_Q", "VQ")])
+def test_printed_phi_is_the_second_derivative_times_the_loss_factor(case, first, second, name):
+    """The Φ lemma defines ``Φ_ij := ∂²F/∂W_i∂W_j`` but prints ``Φ_QQ``, ``Φ_VQ`` with the
+    MSE's ``2/(L d)`` kept from ``H_f``: as printed they are ``2/(L d)`` times the engine's
+    ``∂²F/∂W_i∂W_j``, not equal to it."""
+    params, X, target = case
+    printed = _printed_phi(name, params, printed_objects(params, X, target))
+    mine = attention.output_hessian(params, X[0], first, second)
+    assert printed.shape == mine.shape
+    assert np.abs(printed - 2 / (L * d) * mine).max() <= 1e-12 * np.abs(mine).max()
+    assert np.abs(printed - mine).max() > 0.5 * np.abs(mine).max()
+
+
+def test_printed_phi_QK_second_term_does_not_chain(case):
+    """``Φ_QK``'s second term ``(2/(L d √d_k))(I_d⊗W_Vᵀ⊗I_d)(Z_1⊗I_d) S⊗I_{d_k}``: the
+    first factor has ``d³`` columns, ``Z_1⊗I_d`` has ``L d²`` rows (equal only when
+    ``L = d``), and the result would have ``d³ d_k`` rows where ``Φ_QK`` has ``L d² d_k``.
+    Its first term is, like ``Φ_QQ``, ``2/(L d)`` times the ``Z_2`` part of ``∂²F``."""
+    params, X, target = case
+    objects = printed_objects(params, X, target)
+    left = np.kron(np.eye(d), np.kron(params["W_V"].T, np.eye(d)))
+    assert left.shape[1] != np.kron(objects["Z1"], np.eye(d)).shape[0]
+    assert d ** 3 * d_k != L * d * d * d_k
+    first_term = _printed_functional("QK", params, objects)
+    mine = block(params, X, target, "W_Q", "W_K", "functional")
+    Phi_first = _printed_phi("QK", params, objects)
+    assert np.abs(objects["R"](d * d_k) @ Phi_first - first_term).max() \
+        <= 1e-12 * np.abs(mine).max()
+
+
+def test_printed_G_V_G_Q_agree_and_G_K_needs_K_dk_d(case):
+    """App. B.4 (Noci et al.): ``G_V = A X ⊗ I_d`` and
+    ``G_Q = (I_L⊗W_VᵀXᵀ) ∂A/∂T (X ⊗ X W_K)/√d_k`` equal the engine's Jacobians;
+    ``G_K = (I_L⊗W_VᵀXᵀ) ∂A/∂T ((X W_Q ⊗ X) K_{d_V d_K})/√d_k`` is wrong with
+    ``K_{d_V,d_K}`` (``d ≠ d_k``) and right with ``K_{d_K,d_V}``, as ``H_o(Q,K)`` prints it."""
+    params, X, target = case
+    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
+    objects = printed_objects(params, X, target)
+    A, dA, Xs = objects["A"], objects["dA"], objects["X"]
+    front = np.kron(np.eye(L), W_V.T @ Xs.T) @ dA / np.sqrt(d_k)
+    printed = {"W_V": np.kron(A @ Xs, np.eye(d)), "W_Q": front @ np.kron(Xs, Xs @ W_K),
+               "W_K": front @ np.kron(Xs @ W_Q, Xs) @ commutation(d, d_k)}
+    mine = {name: attention.jacobian(params, Xs, name) for name in printed}
+    for name in ("W_V", "W_Q"):
+        assert np.abs(printed[name] - mine[name]).max() <= 1e-12 * np.abs(mine[name]).max()
+    assert np.abs(printed["W_K"] - mine["W_K"]).max() > 0.1 * np.abs(mine["W_K"]).max()
+    repaired = front @ np.kron(Xs @ W_Q, Xs) @ commutation(d_k, d)
+    assert np.abs(repaired - mine["W_K"]).max() <= 1e-12 * np.abs(mine["W_K"]).max()
+
+
+def test_step_3_3_vanishing_claims_fail_at_exactly_uniform_attention():
+    """Step 3.3: with uniform attention ``∂A/∂M = (1/L) I_L⊗(I_L − 1 1ᵀ/L)`` is constant, and
+    the paper concludes ``Φ_VV = Φ_VQ = Φ_VK = Φ_QQ = Φ_KK = 0``. At exactly uniform
+    attention (``W_Q W_Kᵀ = 0`` with both weights nonzero, so ``T = 0``) the softmax
+    Jacobian is that constant, ``Φ_VV = 0``, but ``Φ_VQ, Φ_VK, Φ_QQ, Φ_KK`` are not zero:
+    ``A`` still moves with ``W_Q``, ``W_K`` (``∂A/∂T ≠ 0``), and ``∂²A/∂T² ≠ 0`` at ``T = 0``.
+    The engine's ``Φ`` here agree with reverse-over-reverse autograd of ``F``."""
+    rng = np.random.default_rng(8)
+    q, k = rng.integers(-3, 4, size=(d, 1)) / 4, rng.integers(-3, 4, size=(d, 1)) / 4
+    params = {"W_Q": np.hstack([q, -q]), "W_K": np.hstack([k, k]),
+              "W_V": rng.normal(size=(d, d))}
+    X = rng.integers(-3, 4, size=(L, d)) / 2          # dyadic: T = 0 without rounding
+    T = X @ params["W_Q"] @ params["W_K"].T @ X.T / np.sqrt(d_k)
+    assert not T.any()
+    _, dA, _ = softmax_pieces(params, X)
+    uniform = np.kron(np.eye(L), np.eye(L) - np.ones((L, L)) / L) / L
+    assert np.abs(dA - uniform).max() < 1e-15
+
+    def F(W_Q, W_K, W_V):
+        Xt = torch.tensor(X)
+        return torch.softmax(Xt @ W_Q @ W_K.T @ Xt.T / np.sqrt(d_k), -1) @ Xt @ W_V
+
+    weights = tuple(torch.tensor(params[n]) for n in ("W_Q", "W_K", "W_V"))
+    position = {"W_Q": 0, "W_K": 1, "W_V": 2}
+    for first, second in (("W_V", "W_V"), ("W_V", "W_Q"), ("W_V", "W_K"), ("W_Q", "W_Q"),
+                          ("W_K", "W_K")):
+        mine = attention.output_hessian(params, X, first, second)
+        n1, n2 = params[first].size, params[second].size
+
+        def G(*w, first=first):
+            jac = torch.autograd.functional.jacobian(F, w, create_graph=True)
+            return jac[position[first]].reshape(-1)
+
+        full = torch.autograd.functional.jacobian(G, weights)[position[second]]
+        reference = full.reshape(L * d * n1, n2).numpy()
+        assert np.abs(mine - reference).max() <= 1e-12 * max(np.abs(reference).max(), 1.0)
+        if first == second == "W_V":
+            assert not mine.any()
+        else:
+            assert np.linalg.norm(mine, 2) > 1e-2 * np.linalg.norm(X, 2) ** 2
