@@ -137,3 +137,83 @@ def test_printed_xi_21_does_not_chain():
     D_sigma_columns = L * d_ff
     next_rows = np.kron(np.kron(np.eye(L), commutation(d_ff, d)), np.eye(d_ff)).shape[0]
     assert D_sigma_columns != next_rows
+
+
+N = {k: int(np.prod(shape)) for k, shape in SHAPES.items()}
+
+
+@pytest.mark.parametrize("k", ["Q", "K", "V"])
+def test_printed_xi_1k_needs_I_n1_not_I_nk(objects, case, k):
+    """App. B.5 prints ``xi_1k = ((I_L⊗W_2ᵀ)D_σ ⊗ I_{n_k})(I_L⊗K_{d_ff,d}⊗I_{d_ff})
+    (I_{Ld}⊗vec_r I_{d_ff})(J_Y G_k)``: the first factor has ``L d_ff n_k`` columns, the
+    next ``L d d_ff²`` rows. The product rule on ``B_1 = (I_L⊗W_2ᵀ)D_σ(Y⊗I_{d_ff})`` puts
+    ``I_{n_1}`` there (``n_1 = d d_ff``, the columns of ``Y⊗I_{d_ff}``); so corrected, it
+    equals the engine's ``xi_1k``."""
+    params, Y, D_sigma, L, d, d_ff = ffn_pieces(case)
+    J_Y, G_k, xi = numeric(objects, case, "J_Y", f"G_{k}", f"xi_1{k}")
+    front = np.kron(np.eye(L), params["W_2"].T) @ D_sigma
+    rest = (np.kron(np.kron(np.eye(L), commutation(d_ff, d)), np.eye(d_ff))
+            @ np.kron(np.eye(L * d), np.eye(d_ff).reshape(-1, 1)) @ (J_Y @ G_k))
+    assert np.kron(front, np.eye(N[k])).shape[1] != rest.shape[0]
+    corrected = np.kron(front, np.eye(N["1"])) @ rest
+    assert np.abs(corrected - xi).max() < 1e-12 * np.abs(xi).max()
+
+
+@pytest.mark.parametrize("k", ["Q", "K", "V"])
+def test_printed_xi_2k_agrees(objects, case, k):
+    """``xi_2k = (I_L⊗K_{d,d_ff}⊗I_d)(I_{L d_ff}⊗vec_r I_d)(D_σ(I_L⊗W_1ᵀ) J_Y G_k)``."""
+    params, Y, D_sigma, L, d, d_ff = ffn_pieces(case)
+    J_Y, G_k, xi = numeric(objects, case, "J_Y", f"G_{k}", f"xi_2{k}")
+    printed = (np.kron(np.kron(np.eye(L), commutation(d, d_ff)), np.eye(d))
+               @ np.kron(np.eye(L * d_ff), np.eye(d).reshape(-1, 1))
+               @ (D_sigma @ np.kron(np.eye(L), params["W_1"].T) @ J_Y @ G_k))
+    assert np.abs(printed - xi).max() < 1e-12 * np.abs(xi).max()
+
+
+@pytest.mark.parametrize("k, m", [(k, m) for k in "QKV" for m in "QKV"])
+def test_printed_xi_kl_agrees(objects, case, k, m):
+    """``xi_kℓ = (J_SY⊗I_{n_k})[(I_{Ld}⊗G_kᵀ)(H_Y G_ℓ) + (J_Y⊗I_{n_k}) Φ_kℓ]`` with the
+    engine's ``H_Y = ∂²Y/∂U²`` and ``Φ_kℓ = ∂²F/∂W_k∂W_ℓ``."""
+    J_SY, J_Y, H_Y, G_k, G_m, Phi, xi = numeric(objects, case, "J_SY", "J_Y", "H_Y", f"G_{k}",
+                                                f"G_{m}", f"Phi_{k}{m}", f"xi_{k}{m}")
+    L_d = J_Y.shape[0]
+    printed = np.kron(J_SY, np.eye(N[k])) @ (np.kron(np.eye(L_d), G_k.T) @ (H_Y @ G_m)
+                                             + np.kron(J_Y, np.eye(N[k])) @ Phi)
+    assert np.abs(printed - xi).max() < 1e-12 * np.abs(xi).max()
+
+
+@pytest.mark.parametrize("i, j", [("Q", "K"), ("1", "2"), ("V", "Q"), ("1", "Q")])
+def test_H_tr_is_symmetric_slice_by_slice_not_as_printed(case, i, j):
+    """App. B.5 claims ``H_tr^(i,j) = H_tr^(j,i)`` a.e. The two are ``(L d n_i) × n_j`` and
+    ``(L d n_j) × n_i``: what holds is that every output's ``n_i × n_j`` slice is the
+    transpose of the other's; as matrices they differ even when ``n_i = n_j``."""
+    params, X = case
+    a = paper_block.output_hessian(params, X, f"W_{i}", f"W_{j}")[0]
+    b = paper_block.output_hessian(params, X, f"W_{j}", f"W_{i}")[0]
+    slices_a, slices_b = a.reshape(-1, N[i], N[j]), b.reshape(-1, N[j], N[i])
+    assert np.abs(slices_a - slices_b.transpose(0, 2, 1)).max() < 1e-12 * np.abs(a).max()
+    if a.shape == b.shape:
+        assert np.abs(a - b).max() > 0.5 * np.abs(a).max()
+    else:
+        assert N[i] != N[j]
+
+
+def test_R_tr_is_the_loss_gradient_without_its_2_over_L_d(case):
+    """``R^tr_m = vec_r(Z − T)ᵀ ⊗ I_m`` (Sec. 4.2): the functional part of the loss Hessian
+    (``ℓ = ‖Z − T‖_F²/(L d)``) is ``(2/(L d)) R^tr_{n_i} H_tr^(i,j)``, and
+    ``‖R^tr‖ = ‖Z − T‖_F``; ``M_tr``'s term ``‖R^tr‖‖H_tr‖`` drops the ``2/(L d)``, so it
+    overstates that term ``L d / 2`` times."""
+    params, X = case
+    target = np.random.default_rng(9).normal(size=X.shape)
+    Z = paper_block.forward(params, X)[0]
+    functional = paper_block.loss_hessian(params, X, target, part="functional")
+    offsets = np.cumsum([0] + [params[name].size for name, _ in paper_block.PARAMS])
+    at = {name: slice(offsets[n], offsets[n + 1]) for n, (name, _) in enumerate(paper_block.PARAMS)}
+    L, d = DIMS["L"], DIMS["d"]
+    for i, j in (("Q", "K"), ("1", "2"), ("V", "1"), ("2", "2")):
+        R = np.kron((Z - target[0]).reshape(1, -1), np.eye(N[i]))
+        H_tr = paper_block.output_hessian(params, X, f"W_{i}", f"W_{j}")[0]
+        mine = functional[at[f"W_{i}"], at[f"W_{j}"]]
+        assert np.abs(2 / (L * d) * R @ H_tr - mine).max() < 1e-12 * max(np.abs(mine).max(),
+                                                                           1e-300)
+        assert abs(np.linalg.norm(R, 2) - np.linalg.norm(Z - target[0])) < 1e-12 * np.linalg.norm(R, 2)
