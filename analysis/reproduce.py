@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import bounds, scaling, search, structure, vit
+from . import bounds, dominance, scaling, search, structure, vit
 
 FIGURES = {"heatmap": "hessian_heatmap.png", "norms": "block_norms.png",
            "scaling": "scaling.png", "convergence": "convergence.png",
@@ -170,6 +170,7 @@ def _structure(settings: Settings, out: Path, say, results: dict) -> dict:
             "train_loss_first": trained.losses[0], "train_loss_last": trained.losses[-1],
             "states": {name: {"loss": s.loss, "norm_dense": s.dense_norm,
                               "norm_lanczos": s.lanczos_norm,
+                              "smallest_row_variance": s.variances,
                               "blocks": [{"rows": a, "cols": b, **v}
                                          for (a, b), v in s.norms.items()]}
                        for name, s in states.items()},
@@ -209,6 +210,8 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
     params, losses = vit.train(data, settings.vit_epochs, progress=say)
     result = vit.convergence(params, data, settings.hessian_samples, progress=say)
     vit.plot_convergence(result, out / FIGURES["convergence"])
+    dominant = {"initialisation": vit.block_hessian_norms(vit.init_params(), data),
+                "trained": vit.block_hessian_norms(params, data)}
     samples = min(settings.whole_samples or len(data.train_y), len(data.train_y))
     whole = vit.whole_hessian(params, data, samples)
     vit.plot_whole_hessian(whole, out / FIGURES["whole"])
@@ -225,10 +228,21 @@ def _convergence(settings: Settings, out: Path, say, results: dict) -> dict:
             "violations_perturbed": result.violations_perturbed,
             "gap_optimum_last": float(result.gap_optimum[-1]),
             "gap_perturbed_last": float(result.gap_perturbed[-1]),
+            "block_norms": {state: _listed(norms) for state, norms in dominant.items()},
             "whole_hessian": {"samples": samples, "norm": whole.norm,
                               "parts": {k: [v.start, v.stop] for k, v in whole.parts.items()},
                               "block_diagonal": whole.block_diagonal,
                               "part_norms": _part_norms(whole)}}
+
+
+def _listed(norms: dominance.Norms) -> list[dict]:
+    return [{"rows": a, "cols": b, "spectral": value} for (a, b), value in norms.items()]
+
+
+def _keyed(blocks: list[dict], prefix: str = "") -> dominance.Norms:
+    """``{(a, b): ‖H_ab‖₂}`` with short names from a JSON list of blocks."""
+    return {(b["rows"].removeprefix(prefix), b["cols"].removeprefix(prefix)): b["spectral"]
+            for b in blocks}
 
 
 def _part_norms(whole: vit.WholeHessian) -> dict[str, float]:
@@ -254,6 +268,7 @@ def markdown(results: dict) -> str:
              + f"); torch {results['machine']['torch']}, float64, 1 thread.", ""]
     lines += _bounds_section(results["bounds"], results["structure"]["large_instances"])
     lines += _structure_section(results["structure"])
+    lines += _dominance_section(results["structure"], results["convergence"])
     lines += _scaling_section(results["scaling"])
     lines += _convergence_section(results["convergence"])
     return "\n".join(lines) + "\n"
@@ -360,6 +375,38 @@ def _structure_section(data: dict) -> list[str]:
     for name, state in data["states"].items():
         lines.append(f"| {name} | " + " | ".join(_g(b["spectral"]) for b in state["blocks"]
                                                  if b["rows"] == b["cols"]) + " |")
+    lines += ["", "Assumption 2 (Sec. 3: every row of each LayerNorm input has variance > 0; "
+              "`paper_block` has `eps = 0`), the smallest row variance over the batch:", "",
+              "| state | X + F(X) | Y + FFN(Y) |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {_g(state['smallest_row_variance']['X + F(X)'])} | "
+              f"{_g(state['smallest_row_variance']['Y + FFN(Y)'])} |"
+              for name, state in data["states"].items()]
+    return lines + [""]
+
+
+def _dominance_section(structure_data: dict, convergence: dict) -> list[str]:
+    """The paper's statements on which blocks dominate, each tested on the regression
+    block's and the digits ViT's block norms before and after training."""
+    measured = {
+        "regression block": [_keyed(structure_data["states"][state]["blocks"], "W_")
+                             for state in ("initialisation", "trained")],
+        "digits ViT": [_keyed(convergence["block_norms"][state])
+                       for state in ("initialisation", "trained")]}
+    found = {name: dominance.verdicts(*norms) for name, norms in measured.items()}
+    lines = ["### The paper's statements on which blocks dominate", "",
+             "Each statement tested on the spectral norms `‖H_ab‖₂` of the loss-Hessian blocks "
+             "`a, b ∈ {Q, K, V, 1, 2}` before and after training: the regression block above "
+             "(MSE, one batch of "
+             f"{structure_data['batch']}) and the digits ViT's block (section 4; "
+             "cross-entropy, the first 128 training images, the paper's MNIST setting of one "
+             "block, d = 16, d_ff = 64). Attention blocks: `a, b ∈ {Q, K, V}` "
+             "(`analysis/dominance.py`).", "",
+             "| statement | where | " + " | ".join(found) + " |",
+             "| --- | --- |" + " --- |" * len(found)]
+    for row in zip(*found.values()):
+        cells = " | ".join(f"{'agrees' if v.agrees else '**disagrees**'}: {v.measured}"
+                           for v in row)
+        lines.append(f"| {row[0].statement} | {row[0].where} | {cells} |")
     return lines + [""]
 
 

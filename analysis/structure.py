@@ -18,6 +18,7 @@ import torch
 
 from ..generated.torch import paper_block
 from ..operators import hessian_operator
+from .bounds import block_forward
 from .spectra import (
     block_norms,
     block_slices,
@@ -83,16 +84,28 @@ class Structure:
     dense_norm: float
     lanczos_norm: float
     loss: float
+    variances: dict[str, float]
+
+
+def smallest_row_variances(params: dict, X: torch.Tensor) -> dict[str, float]:
+    """The paper's Assumption 2 in numbers: ``min σ_i²`` over the batch's samples and rows,
+    ``σ_i² = (1/d) Σ_j (U_ij − μ_i)²``, of both LayerNorm inputs, ``X + F(X)`` and
+    ``Y + FFN(Y)``."""
+    fwd = block_forward(params, X)
+    return {"X + F(X)": float(fwd.U.var(-1, unbiased=False).min()),
+            "Y + FFN(Y)": float(fwd.S.var(-1, unbiased=False).min())}
 
 
 def structure(params: dict, X: torch.Tensor, target: torch.Tensor) -> Structure:
-    """``H`` from ``loss_hessian``, every block's spectral and Frobenius norm, and ``‖H‖₂``
-    twice: dense ``eigvalsh`` of ``H`` and Lanczos on the generated ``hvp``."""
+    """``H`` from ``loss_hessian``, every block's spectral and Frobenius norm, ``‖H‖₂``
+    twice (dense ``eigvalsh`` of ``H`` and Lanczos on the generated ``hvp``), and the
+    smallest row variances of the LayerNorm inputs."""
     H = paper_block.loss_hessian(params, X, target)
     slices = block_slices(paper_block, params)
     lanczos = lanczos_spectral_norm(hessian_operator(paper_block, params, X, target).to_scipy())
     return Structure(H, slices, block_norms(H, slices), symmetric_spectral_norm(H), lanczos,
-                     float(paper_block.loss(params, X, target)))
+                     float(paper_block.loss(params, X, target)),
+                     smallest_row_variances(params, X))
 
 
 def _ticks(ax, slices: dict[str, slice]) -> None:

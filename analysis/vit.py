@@ -181,6 +181,24 @@ def whole_hessian(params: dict, data: Digits, samples: int, batch: int = 64) -> 
     return WholeHessian(H, parts, by_param, samples, symmetric_spectral_norm(H), errors)
 
 
+#: The block's weights, by the short names of :mod:`.dominance`.
+BLOCK_WEIGHTS = {short: f"blocks.0.W_{short}" for short in ("Q", "K", "V", "1", "2")}
+
+
+def block_hessian_norms(params: dict, data: Digits, samples: int = 128
+                        ) -> dict[tuple[str, str], float]:
+    """``‖H_ab‖₂`` for every pair of the block's weights (short names ``Q K V 1 2``), ``H``
+    the exact loss Hessian over those weights of the first ``samples`` training images (one
+    batch, as the paper's Figures 2–4 take)."""
+    wrt = list(BLOCK_WEIGHTS.values())
+    H = MODEL.loss_hessian(params, data.train_x[:samples], data.train_y[:samples, None], wrt)
+    offsets = np.cumsum([0] + [params[name].numel() for name in wrt])
+    at = {short: slice(int(offsets[k]), int(offsets[k + 1]))
+          for k, short in enumerate(BLOCK_WEIGHTS)}
+    return {(a, b): float(torch.linalg.matrix_norm(H[at[a], at[b]], ord=2))
+            for a in at for b in at}
+
+
 def plot_whole_hessian(result: WholeHessian, path: Path) -> None:
     """``log10 |H_ab|`` of the whole model's Hessian, parts' boundaries in white, the
     parameters' in grey."""

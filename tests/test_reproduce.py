@@ -42,6 +42,10 @@ def test_quick_reproduce_writes_finite_results(tmp_path, capsys):
     for state in results["structure"]["states"].values():
         assert abs(state["norm_lanczos"] - state["norm_dense"]) <= 1e-8 * state["norm_dense"]
         assert len(state["blocks"]) == 25
+        assert all(v > 0 for v in state["smallest_row_variance"].values())   # Assumption 2
+    for blocks in results["convergence"]["block_norms"].values():
+        assert len(blocks) == 25 and all(b["spectral"] > 0 for b in blocks)
+    assert markdown.count("| Sec. 5, Figure") == 4 and "| Sec. 6 |" in markdown
     for config in results["scaling"]["configs"].values():
         for block in config["blocks"]:
             assert abs(block["derived"] - block["measured"]) <= 0.15, block
