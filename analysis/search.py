@@ -16,6 +16,10 @@ in :data:`BOX`, plus the corners of the regimes above) and then, per bound, Neld
 generated modules (dense norms at these sizes), as in :mod:`.bounds`; every instance
 evaluated counts for every bound. A true value below ``1e-10`` of the instance's largest
 is rounding of a zero and is left out.
+
+A wide search (``wide=True``) does the same for ``M`` and ``M_tr`` alone at larger sizes
+(:data:`WIDE`, up to a few thousand parameters), where ``‖H_i‖₂`` comes from Lanczos on the
+generated ``hvp`` (:func:`.spectra.hessian_norm`) and no dense Hessian is formed.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ CORNERS = [{"s_Q": -5.0, "s_K": -5.0},                      # uniform attention
            {"s_1": -5.0, "s_2": -5.0}, {"s_1": 3.0, "s_2": 3.0},  # tiny, huge FFN
            {"s_Q": 3.0, "s_K": -5.0, "s_V": 3.0},           # very unequal weight norms
            {"s_t": 3.0}, {"s_t": -4.0}]                     # far and near targets
+#: The sizes of the wide search, ``(low, high)`` per dimension.
+WIDE = {"L": (16, 40), "d": (16, 32), "d_k": (4, 16), "d_ff": (16, 48)}
 #: Relative floor below which a true value is rounding of a zero.
 FLOOR = 1e-10
 #: A ratio this close below 1 is an equality up to rounding (``‖Y‖ = √(L d)`` when every
@@ -51,16 +57,19 @@ EQUALITY = 1e-9
 
 @dataclass(frozen=True)
 class Spec:
-    """A reproducible instance: its seed, sizes and log-scales."""
+    """A reproducible instance: its seed, sizes and log-scales; ``wide``: only ``M`` or
+    ``M_tr`` is evaluated (see :func:`checks`)."""
 
     block: bool
     seed: int
     dims: dict[str, int]
     scales: dict[str, float]
+    wide: bool = False
 
     def as_dict(self) -> dict:
         return {"block": self.block, "seed": self.seed, **self.dims,
-                **{k: round(v, 6) for k, v in self.scales.items()}}
+                **{k: round(v, 6) for k, v in self.scales.items()},
+                **({"wide": True} if self.wide else {})}
 
 
 def names(block: bool) -> list[str]:
@@ -87,12 +96,17 @@ def instance(spec: Spec) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.T
 
 def checks(spec: Spec) -> list[bounds.Check]:
     """Every bound at ``spec`` (Theorem 1 for self-attention; Theorem 6, both ``σ_min``
-    readings, and the ingredients for the block), true values above the floor; none
+    readings, and the ingredients for the block; for a ``wide`` spec ``M`` and ``M_tr``
+    only, ``‖H_i‖₂`` by Lanczos above the dense limit), true values above the floor; none
     where the instance cannot be evaluated (a norm that overflows)."""
     params, X, T = instance(spec)
     try:
-        found = (bounds.theorem6(params, X, T) + bounds.ingredients(params, X)
-                 if spec.block else bounds.theorem1(params, X, T))
+        if spec.wide:
+            found = (bounds.theorem6(params, X, T, per_block=False) if spec.block
+                     else bounds.theorem1(params, X, T, per_block=False))
+        else:
+            found = (bounds.theorem6(params, X, T) + bounds.ingredients(params, X)
+                     if spec.block else bounds.theorem1(params, X, T))
     except (FloatingPointError, ValueError, torch.linalg.LinAlgError):
         return []
     found = [c for c in found if math.isfinite(c.bound) and math.isfinite(c.true)]
@@ -146,17 +160,22 @@ class Search:
         return found
 
 
-def random_spec(block: bool, seed: int, scales: dict[str, float] | None = None) -> Spec:
-    """Sizes as :func:`.bounds.random_instance` draws them; scales from ``scales`` (the
-    rest 0) or, without it, uniform in :data:`BOX`."""
+def random_spec(block: bool, seed: int, scales: dict[str, float] | None = None,
+                wide: bool = False) -> Spec:
+    """Sizes as :func:`.bounds.random_instance` draws them (``wide``: uniform in
+    :data:`WIDE`); scales from ``scales`` (the rest 0) or, without it, uniform in
+    :data:`BOX`."""
     rng = random.Random(seed)
-    dims = {"L": rng.randint(2, 24), "d": rng.randint(3 if block else 2, 5),
-            "d_k": rng.randint(1, 4), "d_ff": rng.randint(2, 6)}
+    if wide:
+        dims = {k: rng.randint(*WIDE[k]) for k in WIDE}
+    else:
+        dims = {"L": rng.randint(2, 24), "d": rng.randint(3 if block else 2, 5),
+                "d_k": rng.randint(1, 4), "d_ff": rng.randint(2, 6)}
     if scales is None:
         chosen = {k: rng.uniform(*BOX[k]) for k in names(block)}
     else:
         chosen = {k: scales.get(k, 0.0) for k in names(block)}
-    return Spec(block, seed, dims, chosen)
+    return Spec(block, seed, dims, chosen, wide)
 
 
 def _local(search: Search, key: tuple[str, str], evaluations: int) -> None:
@@ -172,7 +191,7 @@ def _local(search: Search, key: tuple[str, str], evaluations: int) -> None:
     def objective(point: np.ndarray) -> float:
         clipped = np.clip(point, low, high)
         spec = Spec(start.block, start.seed, start.dims,
-                    {k: float(v) for k, v in zip(order, clipped)})
+                    {k: float(v) for k, v in zip(order, clipped)}, start.wide)
         ratio = next((c.ratio for c in search.evaluate(spec)
                       if (c.theorem, c.quantity) == key), None)
         penalty = float(np.sum((point - clipped) ** 2))  # stay inside the box
@@ -185,16 +204,18 @@ def _local(search: Search, key: tuple[str, str], evaluations: int) -> None:
 
 
 def search(block: bool, restarts: int, local_evaluations: int, local_bounds: int | None = None,
-           progress: Callable[[str], None] = print) -> Search:
+           progress: Callable[[str], None] = print, wide: bool = False) -> Search:
     """The worst case of every bound over ``restarts`` random starts and the regime
     corners (each on a random size), then ``local_evaluations`` Nelder–Mead instances per
-    bound, for the ``local_bounds`` bounds with the smallest ratios (all by default)."""
+    bound, for the ``local_bounds`` bounds with the smallest ratios (all by default);
+    ``wide``: ``M`` or ``M_tr`` at the sizes of :data:`WIDE`."""
     found = Search(block)
+    first = 30_000 if wide else 10_000
     for n, scales in enumerate(CORNERS):
-        found.evaluate(random_spec(block, 10_000 + n, scales))
+        found.evaluate(random_spec(block, first + n, scales, wide))
     for seed in range(restarts):
-        found.evaluate(random_spec(block, 20_000 + seed))
-    kind = "block" if block else "self-attention"
+        found.evaluate(random_spec(block, first + 10_000 + seed, wide=wide))
+    kind = ("block" if block else "self-attention") + (", wide" if wide else "")
     progress(f"  search ({kind}): {found.evaluations} starts, {len(found.worst)} bounds")
     keys = sorted(found.worst, key=lambda k: found.worst[k].ratio)
     for n, key in enumerate(keys[:local_bounds], 1):

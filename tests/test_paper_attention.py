@@ -159,7 +159,7 @@ def test_lemma_C1_softmax_hessian_rows_as_printed():
 def test_softmax_hessian_norm_is_not_the_max_of_its_blocks_but_is_far_below_6(scale):
     """Step 5 says ``‖∂²A/∂T²‖ = max_ij ‖∂²A_ij/∂T_i,:²‖ ≤ 6``. In the paper's layout the
     blocks of one row ``i`` are stacked, so the norm is ``max_i ‖[C_i1; …; C_iL]‖`` and can
-    exceed the largest block (uniform attention: 0.27 against 0.19); ``≤ 6`` holds with
+    exceed the largest block (uniform attention: 0.192 against 0.111); ``≤ 6`` holds with
     room (the largest found by search over ``T`` is about 0.272, docs/ERRATA.md)."""
     T = scale * np.random.default_rng(4).normal(size=(L, L))
     second = softmax_second_derivative(T)

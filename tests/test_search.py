@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from curvgap.analysis import search
+from curvgap.analysis import search, spectra
+from curvgap.generated.torch import paper_block, self_attention
 
 
 def _spec(block: bool, seed: int, dims: dict, **scales: float) -> search.Spec:
@@ -132,3 +133,19 @@ def test_our_six_block_m_holds_where_the_printed_m_fails():
     for label in ("Theorem 1 (main text)", "Theorem 1 (appendix)"):
         assert found[label, "M ≥ ‖H‖"].ratio < 0.05
         assert found[label, "M ≥ ‖H‖, six blocks (ours)"].ratio > 1
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_wide_instances_take_the_hessian_norm_by_lanczos_and_it_is_the_dense_one(block):
+    """A wide spec has more parameters than the dense limit, so ``M`` (``M_tr``) is checked
+    against ``‖H_i‖₂`` from Lanczos on the generated ``hvp``; that value equals the largest
+    ``|λ|`` of the dense ``loss_hessian``."""
+    module = paper_block if block else self_attention
+    spec = search.random_spec(block, 40_000, wide=True)
+    params, X, T = search.instance(spec)
+    assert spectra.parameter_count(module, params) > spectra.DENSE_LIMIT
+    found = search.checks(spec)
+    assert {c.quantity for c in found} <= {"M ≥ ‖H‖", "M ≥ ‖H‖, six blocks (ours)",
+                                          "M_tr ≥ ‖H‖"} and found
+    dense = spectra.symmetric_spectral_norm(module.loss_hessian(params, X, T))
+    assert all(abs(c.true - dense) <= 1e-8 * dense for c in found)
