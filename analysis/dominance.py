@@ -1,4 +1,4 @@
-"""The paper's statements about which Hessian blocks dominate (Sec. 5, Figures 2–4, and the
+"""The paper's statements about which Hessian blocks dominate (Sec. 5, Figures 3–5, and the
 discussion of Sec. 6), checked against measured block norms.
 
 A measurement is the spectral norm ``‖H_ab‖₂`` of every block ``H_ab = ∂²ℓ/∂W_a∂W_b`` of a
@@ -52,7 +52,7 @@ def values_larger_at_initialisation(initial: Norms, trained: Norms) -> Verdict:
     top_v = _largest(initial, lambda b: _attention(b) and "V" in b)
     top_rest = _largest(initial, lambda b: _attention(b) and "V" not in b)
     return Verdict("at initialisation the Value-related blocks are the larger ones",
-                   "Sec. 5, Figure 2",
+                   "Sec. 5, Figure 3",
                    f"largest V-related attention block {_name(top_v)} {initial[top_v]:.3g}, "
                    f"largest other attention block {_name(top_rest)} {initial[top_rest]:.3g}",
                    initial[top_v] > initial[top_rest])
@@ -61,7 +61,7 @@ def values_larger_at_initialisation(initial: Norms, trained: Norms) -> Verdict:
 def every_block_grows(initial: Norms, trained: Norms) -> Verdict:
     grown = [b for b in initial if trained[b] > initial[b]]
     shrunk = [_name(b) for b in initial if trained[b] <= initial[b]]
-    return Verdict("after training every block grows", "Sec. 5, Figure 3",
+    return Verdict("after training every block grows", "Sec. 5, Figure 4",
                    f"{len(grown)} of {len(initial)} blocks grow"
                    + (f" (not: {', '.join(shrunk)})" if shrunk else ""),
                    len(grown) == len(initial))
@@ -69,7 +69,7 @@ def every_block_grows(initial: Norms, trained: Norms) -> Verdict:
 
 def values_values_largest_after_training(initial: Norms, trained: Norms) -> Verdict:
     top, top_attention = _largest(trained), _largest(trained, _attention)
-    return Verdict("after training the V–V block is the largest", "Sec. 5, Figure 3",
+    return Verdict("after training the V–V block is the largest", "Sec. 5, Figure 4",
                    f"largest block {_name(top)} {trained[top]:.3g}; largest attention block "
                    f"{_name(top_attention)} {trained[top_attention]:.3g}; V–V "
                    f"{trained['V', 'V']:.3g}", top == ("V", "V"))
@@ -79,7 +79,7 @@ def keys_and_values_highest(initial: Norms, trained: Norms) -> Verdict:
     orders = {state: _diagonal_order(norms)
               for state, norms in (("initialisation", initial), ("trained", trained))}
     return Verdict("Keys and Values have the largest Hessian blocks, the others much smaller",
-                   "Sec. 5, Figure 4",
+                   "Sec. 5, Figure 5",
                    "; ".join(f"{state}: " + " > ".join(f"{a}–{a}" for a in order)
                              for state, order in orders.items()),
                    all(set(order[:2]) == {"K", "V"} for order in orders.values()))

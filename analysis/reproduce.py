@@ -5,11 +5,11 @@
    search finds for each bound (:mod:`.search`); ``M`` and ``M_tr`` at a larger size, the
    true norm by Lanczos.
 2. Structure: the block's loss Hessian at initialisation and after training, entry
-   heatmaps and block norms (:mod:`.structure`; the paper's Figures 2–4).
+   heatmaps and block norms (:mod:`.structure`; the paper's Figures 3–5).
 3. Scaling: each block's degree in the input scale, derived from the engine's index form
    and fitted numerically, for self-attention and the block with ``eps = 0`` and
    ``eps > 0`` (:mod:`.scaling`).
-4. Convergence: a small ViT on the digits and Theorem 7 (:mod:`.vit`; Figure 5), and the
+4. Convergence: a small ViT on the digits and Theorem 7 (:mod:`.vit`; Figure 6), and the
    trained ViT's whole-model loss Hessian with its block-diagonal approximation's error.
 
 Writes ``report.md``, ``report.json`` and the PNG figures to ``out``.
@@ -387,7 +387,7 @@ def _search_section(rows: list[dict], wide: list[dict]) -> list[str]:
 
 def _structure_section(data: dict) -> list[str]:
     dims = data["dims"]
-    lines = ["## 2. Structure of the block's loss Hessian (Figures 2–4)", "",
+    lines = ["## 2. Structure of the block's loss Hessian (Figures 3–5)", "",
              f"`paper_block` (`L={dims['L']}, d={dims['d']}, d_k={dims['d_k']}, "
              f"d_ff={dims['d_ff']}`), trained by Adam for {data['steps']} steps on a teacher "
              f"regression (MSE {data['train_loss_first']:.3g} → {data['train_loss_last']:.3g}); "
@@ -479,7 +479,7 @@ def _scaling_section(data: dict) -> list[str]:
 
 def _convergence_section(data: dict) -> list[str]:
     dims = data["dims"]
-    return ["## 4. Loss-landscape convergence (Theorem 7, Figure 5)", "",
+    return ["## 4. Loss-landscape convergence (Theorem 7, Figure 6)", "",
             f"ViT on scikit-learn's digits (`configs/models/digits_vit.toml`): 4×4 patches "
             f"(L = {dims['L']}), d = {dims['d']}, one post-LN block (LayerNorm eps = 1e-5, "
             f"d_k = {dims['d_k']}, d_ff = {dims['d_ff']}), "

@@ -1,4 +1,4 @@
-"""Block structure of the post-LN block's loss Hessian (the paper's Figures 2–4).
+"""Block structure of the post-LN block's loss Hessian (the paper's Figures 3–5).
 
 The block (``paper_block``: one head, LayerNorm with ``eps = 0``, ReLU FFN, MSE) is trained
 by Adam on a regression task: inputs ``X ~ N(0, 1)`` (``B×L×d``), targets from a teacher

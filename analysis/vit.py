@@ -189,7 +189,7 @@ def block_hessian_norms(params: dict, data: Digits, samples: int = 128
                         ) -> dict[tuple[str, str], float]:
     """``‖H_ab‖₂`` for every pair of the block's weights (short names ``Q K V 1 2``), ``H``
     the exact loss Hessian over those weights of the first ``samples`` training images (one
-    batch, as the paper's Figures 2–4 take)."""
+    batch, as the paper's Figures 3–5 take)."""
     wrt = list(BLOCK_WEIGHTS.values())
     H = MODEL.loss_hessian(params, data.train_x[:samples], data.train_y[:samples, None], wrt)
     offsets = np.cumsum([0] + [params[name].numel() for name in wrt])
@@ -306,7 +306,7 @@ def _ema(values: np.ndarray, weight: float = 0.05) -> np.ndarray:
 
 
 def plot_convergence(result: Convergence, path: Path) -> None:
-    """Figure 5: the gaps against ``k`` on log–log axes with Theorem 7's bound."""
+    """Figure 6: the gaps against ``k`` on log–log axes with Theorem 7's bound."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
