@@ -10,12 +10,13 @@ MSE ``ℓ = ‖Z − T‖_F² / (L·d)`` and its Hessian ``H_i = ∇²_w ℓ`` (
   versions.
 * Theorem 6 (the post-LN block, ``w = {W_1, W_2, W_K, W_Q, W_V}``): the per-block bound on
   the output Hessian ``H_tr^(i,j) = ∂²Z/∂W_i∂W_j`` (``(L·d·n_i) × n_j``),
-  ``‖J_Z‖‖ξ_ij‖ + ‖B_i‖‖H_Z‖‖B_j‖``, with every factor replaced by its bound from §7.6,
-  §8.3 and §8.4; the per-block loss-Hessian bound
+  ``‖J_Z‖‖ξ_ij‖ + ‖B_i‖‖H_Z‖‖B_j‖``, with every factor replaced by its bound from App. B.6,
+  App. C; the per-block loss-Hessian bound
   ``(2/(L·d)) ‖∂Z/∂W_i‖‖∂Z/∂W_j‖ + ‖R^tr‖‖H_tr^(i,j)‖``; and ``M_tr = 5 max_ij (…)``.
-* The ingredients those rest on (softmax Jacobian, ``G_k``, ``Φ_kℓ``, Lemma 8.4 on the
-  LayerNorm Jacobian and Hessian, Proposition 8.3), each against its true value, so that a
-  violated bound can be traced to the step that fails.
+* The ingredients those rest on (the steps of Theorem 1's proof, ``G_k``, ``Φ_kℓ``, the FFN
+  factors, App. C's LayerNorm lemma on the LayerNorm Jacobian and Hessian, App. C's
+  proposition on ``‖Y‖``, ``‖S‖``), each against its true value, so that a violated bound
+  can be traced to the step that fails.
 
 True values come from the generated torch modules (``self_attention``, ``layernorm``,
 ``paper_block``), which the test suite proves against ``torch.func``.
@@ -24,8 +25,8 @@ Readings of the printed formulas (stated in the report and in ``docs/ERRATA.md``
 ``H(K,K)`` and ``H(V,K)`` are ``H(Q,Q)`` and ``H(V,Q)`` with ``W_Q ↔ W_K`` (the paper
 lists four blocks); ``Φ_KK``, ``Φ_KQ``, ``Φ_QV``, ``Φ_KV`` likewise ("by symmetry");
 ``‖R^tr‖ = ‖vec_r(Z − T)^T ⊗ I‖ = ‖Z − T‖_F`` and, as printed, without the factor
-``2/(L·d)`` of ``∂ℓ/∂Z``; ``‖Y‖`` and ``‖S‖`` by Proposition 8.3; ``σ_min`` of Lemma 8.4
-either as printed, ``min_i ‖M_i‖₂`` (row norms of the centred input), or as the row
+``2/(L·d)`` of ``∂ℓ/∂Z``; ``‖Y‖`` and ``‖S‖`` by App. C's proposition; ``σ_min`` of App. C's
+LayerNorm lemma either as printed, ``min_i ‖M_i‖₂`` (row norms of the centred input), or as the row
 standard deviation ``min_i ‖M_i‖₂ / √n`` that its proof's ``‖P‖ = 1/σ_min`` uses.
 """
 
@@ -44,7 +45,7 @@ from ..derivations.evaluate import evaluate
 from ..derivations.graph import Graph
 from ..derivations.paper import WEIGHTS
 from ..derivations.softmax import softmax_rows
-from ..generated.torch import layernorm, paper_block, self_attention
+from ..generated.torch import ffn, layernorm, paper_block, self_attention
 from ..operators import kronecker_block
 from .spectra import block_slices, hessian_norm, spectral_norm, symmetric_spectral_norm
 
@@ -53,6 +54,8 @@ ATTENTION = ("Q", "K", "V")
 SIGMA_MIN_READINGS = ("printed", "std")
 #: The blocks whose bounds are the four arguments of Theorem 1's printed ``M``.
 PRINTED_ARGUMENTS = (("V", "V"), ("Q", "Q"), ("V", "Q"), ("Q", "K"))
+#: The label of App. C's lemma on the norms of the LayerNorm Jacobian and Hessian.
+LEMMA = "App. C LayerNorm lemma"
 #: What marks a bound as our repair of a printed one, in its theorem or quantity label.
 REPAIR_MARKS = ("(σ_min = row std)", "(ours)")
 
@@ -130,7 +133,7 @@ def _attention_params(params: dict) -> dict:
 def theorem1_block_bounds(norms: dict[str, float], L: int, d: int, d_k: int, rank: int,
                           version: str) -> dict[tuple[str, str], tuple[float, float]]:
     """``{(i, j): (bound on ‖H_o(W_i,W_j)‖, bound on ‖H_f(W_i,W_j)‖)}`` of Theorem 1,
-    ``version`` ``"main"`` (§2.2, ``√min(L, d)``) or ``"appendix"`` (§7.1, ``√r`` with
+    ``version`` ``"main"`` (Sec. 4.1, ``√min(L, d)``) or ``"appendix"`` (App. B.1, ``√r`` with
     ``r = rank(F(X) − T)``). ``norms`` holds ``‖X‖, ‖W_Q‖, ‖W_K‖, ‖W_V‖, ‖T‖`` under
     ``"X", "Q", "K", "V", "T"``."""
     x, nq, nk, nv = norms["X"], norms["Q"], norms["K"], norms["V"]
@@ -213,11 +216,11 @@ def theorem1(params: dict, X: torch.Tensor, target: torch.Tensor,
     return _nonzero(checks)
 
 
-# -- Lemma 8.4, Proposition 8.3 ------------------------------------------------------------
+# -- App. C: the LayerNorm lemma, the proposition on ‖Y‖, ‖S‖ -------------------------------
 def sigma_min(U: torch.Tensor, reading: str) -> float:
-    """``σ_min`` of Lemma 8.4 for the rows of ``U`` (``m×n``): ``min_i ‖M_i‖₂`` with
-    ``M = U (I − 1 1^T / n)`` (``"printed"``) or ``min_i ‖M_i‖₂ / √n``, the smallest row
-    standard deviation (``"std"``)."""
+    """``σ_min`` of App. C's LayerNorm lemma for the rows of ``U`` (``m×n``):
+    ``min_i ‖M_i‖₂`` with ``M = U (I − 1 1^T / n)`` (``"printed"``) or ``min_i ‖M_i‖₂ / √n``,
+    the smallest row standard deviation (``"std"``)."""
     centred = U - U.mean(-1, keepdim=True)
     rows = torch.linalg.vector_norm(centred, dim=-1).min()
     scale = 1.0 if reading == "printed" else math.sqrt(U.shape[-1])
@@ -225,7 +228,7 @@ def sigma_min(U: torch.Tensor, reading: str) -> float:
 
 
 def lemma84(norm_u: float, s: float, m: int, n: int) -> tuple[float, float]:
-    """Lemma 8.4 at an input of spectral norm ``norm_u`` and ``σ_min = s`` (``m×n``):
+    """App. C LayerNorm lemma at an input of spectral norm ``norm_u`` and ``σ_min = s`` (``m×n``):
     ``(‖J_LN‖ bound, ‖H_LN‖ bound)`` =
     ``(1/s + ‖U‖²/(√n s³), ‖U‖/s³ (1 + √(m/n)) + ‖U‖²/(√n s³) + 3‖U‖³/(n s⁵))``."""
     jac = 1 / s + norm_u ** 2 / (math.sqrt(n) * s ** 3)
@@ -281,7 +284,7 @@ class BlockBounds:
 
 def attention_factor_bounds(norms: dict[str, float], L: int, d: int, d_k: int
                             ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
-    """``(‖G_k‖ bounds, ‖Φ_kℓ‖ bounds)`` of §7.6 (eq. ``Gk_bounds`` and the ``Φ`` list)."""
+    """``(‖G_k‖ bounds, ‖Φ_kℓ‖ bounds)`` of App. B.6 (eq. ``Gk_bounds`` and the ``Φ`` list)."""
     x, nq, nk, nv = norms["X"], norms["Q"], norms["K"], norms["V"]
     G = {"V": L * x, "Q": nv * nk * x ** 3 / (L * math.sqrt(d_k)),
          "K": nv * nq * x ** 3 / (L * math.sqrt(d_k))}
@@ -304,8 +307,8 @@ def theorem6_bounds(params: dict, X: torch.Tensor, target: torch.Tensor,
     norms = {"X": spectral_norm(X), **{k: spectral_norm(params[WEIGHTS[k]])
                                        for k in ("Q", "K", "V", "1", "2")}}
     n1, n2 = norms["1"], norms["2"]
-    norm_y = math.sqrt(L * d)                                          # Prop. 8.3
-    norm_s = norm_y * (1 + math.sqrt(min(L, d_ff)) * n1 * n2)          # Prop. 8.3
+    norm_y = math.sqrt(L * d)                                          # App. C Y, S proposition
+    norm_s = norm_y * (1 + math.sqrt(min(L, d_ff)) * n1 * n2)          # App. C Y, S proposition
     J_Y, H_Y = lemma84(spectral_norm(fwd.U), sigma_min(fwd.U, reading), L, d)
     J_Z, H_Z = lemma84(norm_s, sigma_min(fwd.S, reading), L, d)
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
@@ -368,40 +371,90 @@ def softmax_jacobian_of(scores: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(values[jacobian.name].reshape(n, n))
 
 
+def softmax_hessian_norm(scores: torch.Tensor) -> float:
+    """``‖∂²A/∂T²‖₂`` of the row softmax at ``T = scores`` (``L×L``) in the paper's layout
+    ``(L²·L²) × L²``. Row ``i`` of ``A`` depends on row ``i`` of ``T`` only, so ``MᵀM`` is
+    block diagonal over the rows and the norm is the largest over ``i`` of
+    ``‖[∂²A_ij/∂T_i,:²]_j‖`` (the ``L`` blocks ``L×L`` of row ``i`` stacked); each row's by
+    ``torch.func.hessian`` of the softmax."""
+    L = scores.shape[0]
+    rows = torch.func.vmap(torch.func.hessian(lambda v: torch.softmax(v, -1)))(scores.double())
+    return float(torch.linalg.matrix_norm(rows.reshape(L, L * L, L), ord=2).max())
+
+
+def attention_steps(params: dict, X: torch.Tensor) -> list[Check]:
+    """Steps 1–3 and 5 of Theorem 1's proof (App. B.1) at one sample, each against the true
+    value: ``‖∂A/∂T‖ ≤ 1/L``, ``‖Z_1‖ ≤ ‖X‖³/L`` with ``Z_1 = (I_L⊗Xᵀ) ∂A/∂T (X⊗X)``
+    (``(L·d) × d²``, from the engine's softmax Jacobian), ``‖A‖ ≤ L``, ``‖AX‖ ≤ L‖X‖`` and
+    ``‖∂²A/∂T²‖ ≤ 6`` (which gives ``‖Z_2‖ ≤ 6‖X‖⁵`` by the product rule of norms)."""
+    L, d = X.shape
+    d_k = params["W_Q"].shape[1]
+    x = spectral_norm(X)
+    scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / math.sqrt(d_k)
+    jacobian = softmax_jacobian_of(scores)
+    Z1 = torch.einsum("ja,ijkl,kp,lq->iapq", X, jacobian.reshape(L, L, L, L), X, X)
+    A = torch.softmax(scores, -1)
+    return [Check("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", 1 / L, spectral_norm(jacobian)),
+            Check("Theorem 1, step 2", "‖Z_1‖ ≤ ‖X‖³/L", x ** 3 / L,
+                  spectral_norm(Z1.reshape(L * d, d * d))),
+            Check("Theorem 1, step 3", "‖A‖ ≤ L", L, spectral_norm(A)),
+            Check("Theorem 1, step 3", "‖A X‖ ≤ L ‖X‖", L * x, spectral_norm(A @ X)),
+            Check("Theorem 1, step 5", "‖∂²A/∂T²‖ ≤ 6", 6.0, softmax_hessian_norm(scores))]
+
+
+def ffn_steps(params: dict, Y: torch.Tensor) -> list[Check]:
+    """The FFN factor bounds of App. B.6 at one sample, with ``S = ReLU(Y W_1) W_2 + Y``,
+    each against the true value from the generated ``ffn`` (``B_i = ∂S/∂W_i``,
+    ``J_SY = ∂S/∂Y``, ``ξ_ij = ∂B_i/∂W_j``) and the true ``‖Y‖``: ``‖B_1‖ ≤ ‖W_2‖‖Y‖``,
+    ``‖J_SY‖ ≤ ‖W_2‖‖W_1‖ + 1``, ``‖ξ_12‖ ≤ √d ‖Y‖``, ``‖ξ_21‖ ≤ √d_ff ‖W_2‖``."""
+    L, d = Y.shape
+    d_ff = params["W_1"].shape[1]
+    weights = {"W_1": params["W_1"], "W_2": params["W_2"]}
+    n1, n2, y = spectral_norm(params["W_1"]), spectral_norm(params["W_2"]), spectral_norm(Y)
+    J_SY = ffn.jacobian(weights, Y, "X") + torch.eye(L * d, dtype=Y.dtype)
+    label = "App. B.6 FFN factors"
+    return [Check(label, "‖B_1‖", n2 * y, spectral_norm(ffn.jacobian(weights, Y, "W_1"))),
+            Check(label, "‖J_SY‖", n2 * n1 + 1, spectral_norm(J_SY)),
+            Check(label, "‖ξ_12‖", math.sqrt(d) * y,
+                  spectral_norm(ffn.output_hessian(weights, Y, "W_1", "W_2"))),
+            Check(label, "‖ξ_21‖", math.sqrt(d_ff) * n2,
+                  spectral_norm(ffn.output_hessian(weights, Y, "W_2", "W_1")))]
+
+
 def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
-    """The factor bounds Theorems 1 and 6 rest on, for one sample of ``paper_block``:
-    ``‖∂A/∂T‖ ≤ 1/L``, ``‖G_k‖``, ``‖Φ_kℓ‖``, Lemma 8.4 at both LayerNorm inputs (with the
-    true ``‖S‖``; both readings of ``σ_min``), and Proposition 8.3."""
+    """The factor bounds Theorems 1 and 6 rest on, for one sample of ``paper_block``: the
+    steps of Theorem 1's proof (:func:`attention_steps`), ``‖G_k‖``, ``‖Φ_kℓ‖``, the FFN
+    factors (:func:`ffn_steps`), App. C's LayerNorm lemma at both LayerNorm inputs (with the
+    true ``‖S‖``; both readings of ``σ_min``), and App. C's proposition on ``‖Y‖``, ``‖S‖``."""
     L, d = X.shape
     d_k, d_ff = params["W_Q"].shape[1], params["W_1"].shape[1]
     attention = _attention_params(params)
     norms = {"X": spectral_norm(X), **{k: spectral_norm(params[WEIGHTS[k]])
                                        for k in ("Q", "K", "V", "1", "2")}}
-    scores = X @ params["W_Q"] @ params["W_K"].T @ X.T / math.sqrt(d_k)
-    softmax_jacobian = spectral_norm(softmax_jacobian_of(scores))
-    checks = [Check("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", 1 / L, softmax_jacobian)]
+    checks = attention_steps(attention, X)
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
     for k in ATTENTION:
         true = spectral_norm(self_attention.jacobian(attention, X, WEIGHTS[k]))
-        checks.append(Check("§7.6 Gk_bounds", f"‖G_{k}‖", G[k], true))
+        checks.append(Check("App. B.6 Gk_bounds", f"‖G_{k}‖", G[k], true))
     for (k, m), value in Phi.items():
         true = spectral_norm(self_attention.output_hessian(attention, X, WEIGHTS[k],
                                                            WEIGHTS[m]))
         if value > 0 or true > 0:
-            checks.append(Check("§7.6 Φ bounds", f"‖Φ_{k}{m}‖", value, true))
+            checks.append(Check("App. B.6 Φ bounds", f"‖Φ_{k}{m}‖", value, true))
     fwd = block_forward(params, X)
+    checks += ffn_steps(params, fwd.Y)
     for name, U in (("Y", fwd.U), ("Z", fwd.S)):
         true_jac = spectral_norm(layernorm.jacobian({}, U, "X"))
         true_hess = spectral_norm(layernorm.output_hessian({}, U, "X", "X"))
         for reading in SIGMA_MIN_READINGS:
-            label = "Lemma 8.4" + ("" if reading == "printed" else " (σ_min = row std)")
+            label = LEMMA + ("" if reading == "printed" else " (σ_min = row std)")
             jac, hess = lemma84(spectral_norm(U), sigma_min(U, reading), L, d)
             checks.append(Check(label, f"‖J_{name}‖", jac, true_jac))
             checks.append(Check(label, f"‖H_{name}‖", hess, true_hess))
     norm_y = math.sqrt(L * d)
-    checks.append(Check("Prop. 8.3", "‖Y‖", norm_y, spectral_norm(fwd.Y)))
-    checks.append(Check("Prop. 8.3", "‖S‖", norm_y * (1 + math.sqrt(min(L, d_ff)) * norms["1"]
-                                                      * norms["2"]), spectral_norm(fwd.S)))
+    norm_s = norm_y * (1 + math.sqrt(min(L, d_ff)) * norms["1"] * norms["2"])
+    checks.append(Check("App. C Y, S proposition", "‖Y‖", norm_y, spectral_norm(fwd.Y)))
+    checks.append(Check("App. C Y, S proposition", "‖S‖", norm_s, spectral_norm(fwd.S)))
     return _nonzero(checks)
 
 

@@ -287,22 +287,24 @@ def markdown(results: dict) -> str:
 
 READINGS = """Readings of the printed formulas (see `docs/ERRATA.md`):
 - Per sample: `X` is one `L×d` input, `ℓ = ‖Z − T‖_F²/(L·d)`, `H_i = ∇²_w ℓ`; `‖·‖` spectral.
-- Theorem 1: the per-block bounds are the summands of the four arguments of the max (§7.1,
+- Theorem 1: the per-block bounds are the summands of the four arguments of the max (App. B.1,
   step 6): Gauss–Newton (`H_o`) and functional (`H_f`); `H(K,K)`, `H(V,K)` are `H(Q,Q)`,
   `H(V,Q)` with `W_Q ↔ W_K`. Main text uses `√min(L,d)`, the appendix `√rank(F − T)`.
   `M ≥ ‖H‖` is the printed `M`, `3 max` of its four arguments; `M ≥ ‖H‖, six blocks (ours)`
   is our repair, `3 max` over all six blocks, as the proof's step 6 assembles. The
   true `‖H(V,V)‖` comes from the block's exact Kronecker form `A ⊗ I_d` (`A` is `d × d`).
-- Theorem 6: every factor by its printed bound (§7.6, Prop. 8.3 for `‖Y‖, ‖S‖`, Lemma 8.4 for
-  `J_Y, H_Y, J_Z, H_Z` with the measured `‖X + F(X)‖` and `σ_min` of both LayerNorm inputs,
-  `‖B_2‖ = ‖ReLU(Y W_1)‖` measured as printed);
+- Theorem 6: every factor by its printed bound (App. B.6; App. C's proposition for `‖Y‖, ‖S‖`
+  and its LayerNorm lemma for `J_Y, H_Y, J_Z, H_Z` with the measured `‖X + F(X)‖` and
+  `σ_min` of both LayerNorm inputs, `‖B_2‖ = ‖ReLU(Y W_1)‖` measured as printed);
   `‖R^tr‖ = ‖Z − T‖_F`, as printed without the `2/(L·d)` of `∂ℓ/∂Z`; `ξ_12, ξ_21` as printed;
   blocks `(k,1), (k,2)` (no `ξ` printed) are covered by `(1,k), (2,k)` of the symmetric loss
-  Hessian. `σ_min` of Lemma 8.4: as printed, `min_i ‖M_i‖₂`, and read as the smallest row
-  standard deviation `min_i ‖M_i‖₂/√d` (the `P = diag⁻¹(σ)` of the proof).
-- Ingredients are checked against their exact values: `∂A/∂T` (softmax Jacobian),
-  `G_k = ∂F/∂W_k`, `Φ_kℓ = ∂²F/∂W_k∂W_ℓ` (generated `self_attention`), `J_LN`, `H_LN`
-  (generated `layernorm`), `Y`, `S`."""
+  Hessian. `σ_min` of the LayerNorm lemma: as printed, `min_i ‖M_i‖₂`, and read as the
+  smallest row standard deviation `min_i ‖M_i‖₂/√d` (the `P = diag⁻¹(σ)` of the proof).
+- Ingredients are checked against their exact values: the steps of Theorem 1's proof
+  (`∂A/∂T` from the engine's softmax Jacobian, `Z_1`, `A`, `AX`, `∂²A/∂T²` by
+  `torch.func.hessian` of the row softmax), `G_k = ∂F/∂W_k`, `Φ_kℓ = ∂²F/∂W_k∂W_ℓ`
+  (generated `self_attention`), the FFN factors `B_1`, `J_SY`, `ξ_12`, `ξ_21` (generated
+  `ffn`, with the true `‖Y‖`), `J_LN`, `H_LN` (generated `layernorm`), `Y`, `S`."""
 
 
 def _bounds_section(data: dict, large: list[dict]) -> list[str]:

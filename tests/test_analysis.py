@@ -112,17 +112,25 @@ LOSS_FACTOR = ("the printed Phi bounds carry the loss factor 2/(L d_V) although 
                "loss-free second derivative of F, and step 1's 1/L (docs/ERRATA.md)")
 SIGMA_MIN = ("with sigma_min = min_i ||M_i|| as printed, 1/sigma_min is sqrt(d) times smaller "
              "than ||P|| = 1/min_i std_i (docs/ERRATA.md)")
+XI_21 = ("the printed ||xi_21|| <= sqrt(d_ff) ||W_2||: xi_21 = dB_2/dW_1 does not depend on "
+         "W_2, its norm scales with ||Y|| (docs/ERRATA.md)")
 INGREDIENTS = [
     pytest.param("Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", marks=_xfail(STEP_1)),
-    ("§7.6 Gk_bounds", "‖G_Q‖"), ("§7.6 Gk_bounds", "‖G_V‖"),
-    pytest.param("§7.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
-    *[("§7.6 Φ bounds", f"‖Φ_{k}{m}‖") for k, m in ("QQ", "KK", "QK", "KQ")],
-    *[pytest.param("§7.6 Φ bounds", f"‖Φ_{k}{m}‖", marks=_xfail(LOSS_FACTOR))
+    pytest.param("Theorem 1, step 2", "‖Z_1‖ ≤ ‖X‖³/L", marks=_xfail(STEP_1)),
+    ("Theorem 1, step 3", "‖A‖ ≤ L"), ("Theorem 1, step 3", "‖A X‖ ≤ L ‖X‖"),
+    ("Theorem 1, step 5", "‖∂²A/∂T²‖ ≤ 6"),
+    ("App. B.6 FFN factors", "‖B_1‖"), ("App. B.6 FFN factors", "‖J_SY‖"),
+    ("App. B.6 FFN factors", "‖ξ_12‖"),
+    pytest.param("App. B.6 FFN factors", "‖ξ_21‖", marks=_xfail(XI_21)),
+    ("App. B.6 Gk_bounds", "‖G_Q‖"), ("App. B.6 Gk_bounds", "‖G_V‖"),
+    pytest.param("App. B.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
+    *[("App. B.6 Φ bounds", f"‖Φ_{k}{m}‖") for k, m in ("QQ", "KK", "QK", "KQ")],
+    *[pytest.param("App. B.6 Φ bounds", f"‖Φ_{k}{m}‖", marks=_xfail(LOSS_FACTOR))
       for k, m in ("VQ", "QV", "VK", "KV")],
-    ("Lemma 8.4", "‖J_Y‖"), ("Lemma 8.4", "‖H_Y‖"), ("Lemma 8.4", "‖H_Z‖"),
-    pytest.param("Lemma 8.4", "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
-    *[("Lemma 8.4 (σ_min = row std)", f"‖{m}_{n}‖") for m in "JH" for n in "YZ"],
-    ("Prop. 8.3", "‖Y‖"), ("Prop. 8.3", "‖S‖")]
+    *[(bounds.LEMMA, f"‖{m}_{n}‖") for m, n in ("JY", "HY", "HZ")],
+    pytest.param(bounds.LEMMA, "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
+    *[(f"{bounds.LEMMA} (σ_min = row std)", f"‖{m}_{n}‖") for m in "JH" for n in "YZ"],
+    ("App. C Y, S proposition", "‖Y‖"), ("App. C Y, S proposition", "‖S‖")]
 
 
 @pytest.mark.parametrize("label, quantity", INGREDIENTS)
@@ -136,9 +144,11 @@ DOCUMENTED = [
     pytest.param(False, 244, APPENDIX, "H(K,K) Gauss–Newton", marks=_xfail(STEP_1)),
     pytest.param(False, 155, APPENDIX, "H(Q,K) Gauss–Newton", marks=_xfail(STEP_1)),
     pytest.param(True, 24, "Theorem 1, step 1", "‖∂A/∂T‖ ≤ 1/L", marks=_xfail(STEP_1)),
-    pytest.param(True, 88, "§7.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
-    pytest.param(True, 5, "§7.6 Φ bounds", "‖Φ_VK‖", marks=_xfail(LOSS_FACTOR)),
-    pytest.param(True, 113, "Lemma 8.4", "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
+    pytest.param(True, 48, "Theorem 1, step 2", "‖Z_1‖ ≤ ‖X‖³/L", marks=_xfail(STEP_1)),
+    pytest.param(True, 116, "App. B.6 FFN factors", "‖ξ_21‖", marks=_xfail(XI_21)),
+    pytest.param(True, 88, "App. B.6 Gk_bounds", "‖G_K‖", marks=_xfail(STEP_1)),
+    pytest.param(True, 5, "App. B.6 Φ bounds", "‖Φ_VK‖", marks=_xfail(LOSS_FACTOR)),
+    pytest.param(True, 113, bounds.LEMMA, "‖J_Z‖", marks=_xfail(SIGMA_MIN)),
 ]
 
 

@@ -10,6 +10,7 @@ import sympy as sp
 import torch
 from conftest import commutation
 
+from curvgap.analysis import bounds
 from curvgap.derivations.config import validate
 from curvgap.derivations.indexform import Delta
 from curvgap.derivations.model import derive
@@ -354,3 +355,19 @@ def test_step_3_3_vanishing_claims_fail_at_exactly_uniform_attention():
             assert not mine.any()
         else:
             assert np.linalg.norm(mine, 2) > 1e-2 * np.linalg.norm(X, 2) ** 2
+
+
+def test_the_analysis_takes_Z_1_and_the_softmax_hessian_in_the_papers_layout(case):
+    """``analysis.bounds.attention_steps`` measures ``‖Z_1‖`` and ``‖∂²A/∂T²‖`` of the
+    printed objects: equal to the norms of ``Z_1`` built with Kronecker products and of the
+    full autograd second derivative."""
+    params, X, target = case
+    objects = printed_objects(params, X, target)
+    torch_params = {k: torch.tensor(v) for k, v in params.items()}
+    found = {c.quantity: c.true for c in bounds.attention_steps(torch_params,
+                                                                torch.tensor(X[0]))}
+    T = X[0] @ params["W_Q"] @ params["W_K"].T @ X[0].T / np.sqrt(d_k)
+    for quantity, printed in (("‖Z_1‖ ≤ ‖X‖³/L", objects["Z1"]),
+                              ("‖∂²A/∂T²‖ ≤ 6", softmax_second_derivative(T))):
+        norm = np.linalg.norm(printed, 2)
+        assert abs(found[quantity] - norm) <= 1e-12 * norm

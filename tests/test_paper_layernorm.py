@@ -25,7 +25,7 @@ def X() -> np.ndarray:
 
 
 def printed_pieces(X):
-    """M, sigma, P, dM/dX and dP/dX exactly as printed (§3.2, §7.2)."""
+    """M, sigma, P, dM/dX and dP/dX exactly as printed (Theorem 2, App. B.2)."""
     one = np.ones((d, 1))
     M = X - X @ one @ one.T / d
     sigma = np.sqrt((M ** 2) @ one).reshape(-1) / np.sqrt(d)
@@ -58,8 +58,8 @@ def _numeric_jacobian(f, X, h=1e-6):
 
 
 def test_derivative_of_P_kron_I_needs_K_dL_not_K_LL(X):
-    """§7.3 prints ∂(P⊗I)/∂X = (I_L⊗K_{L,L}⊗I_L)(I_{L²}⊗vec_r I_L) ∂P/∂X: its shape only
-    fits when L = d. The Kronecker rule of §6 gives (I_L⊗K_{d,L}⊗I_d)(I_{L²}⊗vec_r I_d)."""
+    """App. B.3 prints ∂(P⊗I)/∂X = (I_L⊗K_{L,L}⊗I_L)(I_{L²}⊗vec_r I_L) ∂P/∂X: its shape only
+    fits when L = d. The Kronecker rule of the matrix-calculus appendix gives (I_L⊗K_{d,L}⊗I_d)(I_{L²}⊗vec_r I_d)."""
     M, P, dM, dP, *_ = printed_pieces(X)
     printed = np.kron(np.kron(np.eye(L), commutation(L, L)), np.eye(L)) \
         @ np.kron(np.eye(L * L), vec_r(np.eye(L)))
@@ -76,8 +76,8 @@ def test_derivative_of_P_kron_I_needs_K_dL_not_K_LL(X):
 
 
 def test_derivative_of_D_drops_the_1_over_sqrt_d(X):
-    """§7.3 prints ∂D/∂X = E(A_2 (I_L⊗1ᵀ) diag(vec_r M) ∂M/∂X), "as computed for the first
-    derivative"; the first derivative (§7.2) carries 1/sqrt(d), and so must this."""
+    """App. B.3 prints ∂D/∂X = E(A_2 (I_L⊗1ᵀ) diag(vec_r M) ∂M/∂X), "as computed for the first
+    derivative"; the first derivative (App. B.2) carries 1/sqrt(d), and so must this."""
     M, P, dM, dP, E, A2, J = printed_pieces(X)
     printed = E @ (A2 @ J @ np.diag(vec_r(M).reshape(-1)) @ dM)
 
@@ -124,7 +124,7 @@ def test_the_factors_compose_to_the_printed_dP(X):
 
 
 def test_dA_3_sums_over_L_d_diagonal_entries_not_L(X):
-    """§7.3 prints ``∂A_3/∂X = (e_1⊗e_1, …, e_L⊗e_L) I_{Ld} ∂M/∂X`` with ``e_i ∈ R^{Ld}``:
+    """App. B.3 prints ``∂A_3/∂X = (e_1⊗e_1, …, e_L⊗e_L) I_{Ld} ∂M/∂X`` with ``e_i ∈ R^{Ld}``:
     ``A_3 = diag(vec_r M)`` is ``Ld × Ld``, so the diagonal map needs all ``L·d`` columns
     ``e_i⊗e_i``; with ``L`` of them the factor has ``L`` columns against ``I_{Ld}``'s
     ``L·d`` rows. With ``L·d`` columns it is right."""
@@ -175,7 +175,7 @@ def test_dA_1_is_right_once_dD_has_its_1_over_sqrt_d(X):
 
 
 def test_d2P_needs_the_1_over_sqrt_d_on_both_terms(X):
-    """§7.3 prints ``∂²P/∂X² = (1/√d)(A_1⊗I_{Ld}) ∂B_1/∂X + (I_{L²}⊗B_1ᵀ) ∂A_1/∂X``: the
+    """App. B.3 prints ``∂²P/∂X² = (1/√d)(A_1⊗I_{Ld}) ∂B_1/∂X + (I_{L²}⊗B_1ᵀ) ∂A_1/∂X``: the
     product rule on ``(1/√d) A_1 B_1`` puts ``1/√d`` on both terms; as printed (second term
     without it) the Hessian of ``P`` is wrong. Exact pieces by finite differences."""
     f, n = named_factors(X), L * d

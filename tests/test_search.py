@@ -63,7 +63,7 @@ STEP_1 = ("step 1 of the proof of Theorem 1 takes ||dA/dT|| <= 1/L, which holds 
           "attention only (docs/ERRATA.md)")
 XI = ("Theorem 6's bound on block (2,1) uses the printed ||xi_21|| <= sqrt(d_ff) ||W_2||, "
       "which vanishes with W_2 while the block does not (docs/ERRATA.md)")
-SIGMA_MIN = "Lemma 8.4's printed sigma_min is sqrt(d) times the proof's (docs/ERRATA.md)"
+SIGMA_MIN = "App. C LayerNorm lemma's printed sigma_min is sqrt(d) times the proof's (docs/ERRATA.md)"
 LOSS_FACTOR = "the printed Phi bounds carry the MSE's 2/(L d) (docs/ERRATA.md)"
 
 #: Worst cases the search found below 1 (docs/ERRATA.md, "Worst cases by search"):
@@ -89,7 +89,7 @@ F_SCALES = {"s_Q": -3.582481, "s_K": -1.631595, "s_V": 0.112328, "s_1": -4.21696
 G = D
 G_SCALES = {"s_Q": 2.138507, "s_K": 1.963603, "s_V": -0.545988, "s_1": -4.648438,
             "s_2": -2.346884, "s_x": -1.111697, "s_c": -0.51052, "s_t": 1.026526}
-PHI_AND_SIGMA = ("Theorem 6's Q-K blocks use the printed Phi_QK bound and Lemma 8.4's printed "
+PHI_AND_SIGMA = ("Theorem 6's Q-K blocks use the printed Phi_QK bound and App. C LayerNorm lemma's printed "
                  "sigma_min, both violated at this instance (docs/ERRATA.md)")
 H = {"L": 2, "d": 2, "d_k": 3, "d_ff": 2}
 H_SCALES = {"s_Q": 3.0, "s_K": -4.78898, "s_V": -4.520437, "s_x": -0.735424, "s_c": -3.457074,
@@ -106,15 +106,15 @@ SEARCHED = [
     (True, 20003, B, B_SCALES, "Theorem 6", "H(2,1)", XI),
     (True, 20003, B, B_SCALES, "Theorem 6 (σ_min = row std)", "H_tr(2,1)", XI),
     (True, 20003, B, B_SCALES, "Theorem 6 (σ_min = row std)", "H(2,1)", XI),
-    (True, 20042, C, C_SCALES, "Lemma 8.4", "‖J_Z‖", SIGMA_MIN),
-    (True, 20042, C, C_SCALES, "Lemma 8.4", "‖H_Z‖", SIGMA_MIN),
-    (True, 20116, D, D_SCALES, "Lemma 8.4", "‖J_Y‖", SIGMA_MIN),
-    (True, 20098, E, E_SCALES, "§7.6 Φ bounds", "‖Φ_QK‖", LOSS_FACTOR),
-    (True, 20098, E, E_SCALES, "§7.6 Φ bounds", "‖Φ_VK‖", LOSS_FACTOR),
+    (True, 20042, C, C_SCALES, "App. C LayerNorm lemma", "‖J_Z‖", SIGMA_MIN),
+    (True, 20042, C, C_SCALES, "App. C LayerNorm lemma", "‖H_Z‖", SIGMA_MIN),
+    (True, 20116, D, D_SCALES, "App. C LayerNorm lemma", "‖J_Y‖", SIGMA_MIN),
+    (True, 20098, E, E_SCALES, "App. B.6 Φ bounds", "‖Φ_QK‖", LOSS_FACTOR),
+    (True, 20098, E, E_SCALES, "App. B.6 Φ bounds", "‖Φ_VK‖", LOSS_FACTOR),
     (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(Q,K)", PHI_AND_SIGMA),
     (True, 20042, F, F_SCALES, "Theorem 6", "H_tr(K,Q)", PHI_AND_SIGMA),
-    (True, 20042, F, F_SCALES, "§7.6 Φ bounds", "‖Φ_KQ‖", LOSS_FACTOR),
-    (True, 20116, G, G_SCALES, "Lemma 8.4", "‖H_Y‖", SIGMA_MIN),
+    (True, 20042, F, F_SCALES, "App. B.6 Φ bounds", "‖Φ_KQ‖", LOSS_FACTOR),
+    (True, 20116, G, G_SCALES, "App. C LayerNorm lemma", "‖H_Y‖", SIGMA_MIN),
 ]
 
 
