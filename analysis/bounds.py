@@ -227,7 +227,7 @@ def sigma_min(U: torch.Tensor, reading: str) -> float:
     return float(rows) / scale
 
 
-def lemma84(norm_u: float, s: float, m: int, n: int) -> tuple[float, float]:
+def layernorm_lemma(norm_u: float, s: float, m: int, n: int) -> tuple[float, float]:
     """App. C LayerNorm lemma at an input of spectral norm ``norm_u`` and ``σ_min = s`` (``m×n``):
     ``(‖J_LN‖ bound, ‖H_LN‖ bound)`` =
     ``(1/s + ‖U‖²/(√n s³), ‖U‖/s³ (1 + √(m/n)) + ‖U‖²/(√n s³) + 3‖U‖³/(n s⁵))``."""
@@ -309,8 +309,8 @@ def theorem6_bounds(params: dict, X: torch.Tensor, target: torch.Tensor,
     n1, n2 = norms["1"], norms["2"]
     norm_y = math.sqrt(L * d)                                          # App. C Y, S proposition
     norm_s = norm_y * (1 + math.sqrt(min(L, d_ff)) * n1 * n2)          # App. C Y, S proposition
-    J_Y, H_Y = lemma84(spectral_norm(fwd.U), sigma_min(fwd.U, reading), L, d)
-    J_Z, H_Z = lemma84(norm_s, sigma_min(fwd.S, reading), L, d)
+    J_Y, H_Y = layernorm_lemma(spectral_norm(fwd.U), sigma_min(fwd.U, reading), L, d)
+    J_Z, H_Z = layernorm_lemma(norm_s, sigma_min(fwd.S, reading), L, d)
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
     J_SY = n2 * n1 + 1
     B = {"1": n2 * norm_y, "2": spectral_norm(fwd.P), **{k: J_SY * J_Y * G[k] for k in G}}
@@ -405,19 +405,22 @@ def attention_steps(params: dict, X: torch.Tensor) -> list[Check]:
 def ffn_steps(params: dict, Y: torch.Tensor) -> list[Check]:
     """The FFN factor bounds of App. B.6 at one sample, with ``S = ReLU(Y W_1) W_2 + Y``,
     each against the true value from the generated ``ffn`` (``B_i = ∂S/∂W_i``,
-    ``J_SY = ∂S/∂Y``, ``ξ_ij = ∂B_i/∂W_j``) and the true ``‖Y‖``: ``‖B_1‖ ≤ ‖W_2‖‖Y‖``,
-    ``‖J_SY‖ ≤ ‖W_2‖‖W_1‖ + 1``, ``‖ξ_12‖ ≤ √d ‖Y‖``, ``‖ξ_21‖ ≤ √d_ff ‖W_2‖``."""
+    ``J_SY = ∂S/∂Y``, ``ξ_ij = ∂B_i/∂W_j``, the labels of Theorem 5, whose assembly needs
+    ``ξ_ij`` of layout ``(L·d·n_i) × n_j``) and the true ``‖Y‖``: ``‖B_1‖ ≤ ‖W_2‖‖Y‖``,
+    ``‖J_SY‖ ≤ ‖W_2‖‖W_1‖ + 1``, ``‖ξ_12‖ ≤ √d ‖Y‖``, ``‖ξ_21‖ ≤ √d_ff ‖W_2‖``. (The proof
+    of Theorem 5 swaps the labels of ``ξ_12``, ``ξ_21``; docs/ERRATA.md gives both verdicts.)"""
     L, d = Y.shape
     d_ff = params["W_1"].shape[1]
     weights = {"W_1": params["W_1"], "W_2": params["W_2"]}
     n1, n2, y = spectral_norm(params["W_1"]), spectral_norm(params["W_2"]), spectral_norm(Y)
     J_SY = ffn.jacobian(weights, Y, "X") + torch.eye(L * d, dtype=Y.dtype)
     label = "App. B.6 FFN factors"
-    return [Check(label, "‖B_1‖", n2 * y, spectral_norm(ffn.jacobian(weights, Y, "W_1"))),
-            Check(label, "‖J_SY‖", n2 * n1 + 1, spectral_norm(J_SY)),
-            Check(label, "‖ξ_12‖", math.sqrt(d) * y,
+    return [Check(label, "‖B_1‖ ≤ ‖W_2‖‖Y‖", n2 * y,
+                  spectral_norm(ffn.jacobian(weights, Y, "W_1"))),
+            Check(label, "‖J_SY‖ ≤ ‖W_2‖‖W_1‖ + 1", n2 * n1 + 1, spectral_norm(J_SY)),
+            Check(label, "‖ξ_12‖ ≤ √d ‖Y‖", math.sqrt(d) * y,
                   spectral_norm(ffn.output_hessian(weights, Y, "W_1", "W_2"))),
-            Check(label, "‖ξ_21‖", math.sqrt(d_ff) * n2,
+            Check(label, "‖ξ_21‖ ≤ √d_ff ‖W_2‖", math.sqrt(d_ff) * n2,
                   spectral_norm(ffn.output_hessian(weights, Y, "W_2", "W_1")))]
 
 
@@ -448,7 +451,7 @@ def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
         true_hess = spectral_norm(layernorm.output_hessian({}, U, "X", "X"))
         for reading in SIGMA_MIN_READINGS:
             label = LEMMA + ("" if reading == "printed" else " (σ_min = row std)")
-            jac, hess = lemma84(spectral_norm(U), sigma_min(U, reading), L, d)
+            jac, hess = layernorm_lemma(spectral_norm(U), sigma_min(U, reading), L, d)
             checks.append(Check(label, f"‖J_{name}‖", jac, true_jac))
             checks.append(Check(label, f"‖H_{name}‖", hess, true_hess))
     norm_y = math.sqrt(L * d)

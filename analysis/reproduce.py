@@ -128,7 +128,8 @@ def _bounds(settings: Settings, out: Path, say, results: dict) -> dict:
                               say)
     rows = [{"theorem": s.theorem, "quantity": s.quantity, "count": len(s.ratios),
              "median_ratio": s.median, "min_ratio": s.minimum,
-             "violations": s.violations[:5], "violation_count": len(s.violations)}
+             "violations": sorted(s.violations, key=lambda v: v["ratio"])[:5],
+             "violation_count": len(s.violations)}
             for s in summaries]
     sampled = {(r["theorem"], r["quantity"]): r["min_ratio"] for r in rows}
     searched = []
@@ -317,15 +318,15 @@ def _bounds_section(data: dict, large: list[dict]) -> list[str]:
              "`bound/true` below 1 is a violated bound.", "", READINGS, "",
              "### Violated bounds", ""]
     violated = [r for r in rows if r["violation_count"]]
-    violated.sort(key=lambda r: not bounds.is_printed(r["theorem"], r["quantity"]))
+    violated.sort(key=lambda r: _form(r) != "printed")
     if violated:
         lines += ["| bound | quantity | form | violated | min bound/true | worst instance |",
                   "| --- | --- | --- | ---: | ---: | --- |"]
         for r in violated:
-            form = "printed" if bounds.is_printed(r["theorem"], r["quantity"]) else "ours"
             worst = min(r["violations"], key=lambda v: v["ratio"])
-            lines.append(f"| {r['theorem']} | {r['quantity']} | {form} | {r['violation_count']}/"
-                         f"{r['count']} | {_g(r['min_ratio'])} | seed {worst['seed']}, L="
+            lines.append(f"| {r['theorem']} | {r['quantity']} | {_form(r)} | "
+                         f"{r['violation_count']}/{r['count']} | {_g(r['min_ratio'])} | "
+                         f"seed {worst['seed']}, L="
                          f"{worst['L']}, d={worst['d']}, d_k={worst['d_k']}"
                          + (f", d_ff={worst['d_ff']}" if worst["block"] else "")
                          + f": bound {_g(worst['bound'])}, true {_g(worst['true'])} |")
@@ -345,6 +346,15 @@ def _bounds_section(data: dict, large: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _form(row: dict) -> str:
+    """``"printed"`` for the paper's bound as printed, ``"ours"`` for one of our repairs."""
+    return "printed" if bounds.is_printed(row["theorem"], row["quantity"]) else "ours"
+
+
+def _verdict(row: dict) -> str:
+    return "**violated**" if row["violated"] else "holds"
+
+
 def _search_section(rows: list[dict], wide: list[dict]) -> list[str]:
     """The per-bound tables of the worst-case search, against the sampling's minimum: the
     paper's bounds as printed, then our repairs, each with its verdict; then ``M`` and
@@ -359,7 +369,7 @@ def _search_section(rows: list[dict], wide: list[dict]) -> list[str]:
              "as printed come first, each with its own verdict; our repairs (`σ_min` read as "
              "the row standard deviation, `M` over all six blocks) follow apart."]
     for title, printed in (("As printed", True), ("Our repairs", False)):
-        chosen = [r for r in rows if bounds.is_printed(r["theorem"], r["quantity"]) == printed]
+        chosen = [r for r in rows if (_form(r) == "printed") == printed]
         violated = sum(r["violated"] for r in chosen)
         lines += ["", f"**{title}**: {violated} of {len(chosen)} bounds violated.", "",
                   "| bound | quantity | sampled min | searched min | verdict | instance | "
@@ -368,9 +378,8 @@ def _search_section(rows: list[dict], wide: list[dict]) -> list[str]:
         for r in chosen:
             where = ", ".join(f"{k}={v}" for k, v in r["instance"].items() if k != "block")
             sampled = "—" if r["sampled_min_ratio"] is None else _g(r["sampled_min_ratio"])
-            verdict = "**violated**" if r["violated"] else "holds"
             lines.append(f"| {r['theorem']} | {r['quantity']} | {sampled} | {_g(r['ratio'])} | "
-                         f"{verdict} | {where} | {r['evaluations']} |")
+                         f"{_verdict(r)} | {where} | {r['evaluations']} |")
     lines += ["", "**At larger sizes** (`L ∈ 16..40`, `d ∈ 16..32`, `d_k ∈ 4..16`, "
               "`d_ff ∈ 16..48`, up to a few thousand parameters; `‖H_i‖₂` by Lanczos on the "
               "generated `hvp` above 1,500 parameters, no dense Hessian): `M` and `M_tr` "
@@ -380,10 +389,8 @@ def _search_section(rows: list[dict], wide: list[dict]) -> list[str]:
     for r in wide:
         where = ", ".join(f"{k}={v}" for k, v in r["instance"].items()
                           if k not in ("block", "wide"))
-        form = "printed" if bounds.is_printed(r["theorem"], r["quantity"]) else "ours"
-        verdict = "**violated**" if r["violated"] else "holds"
-        lines.append(f"| {r['theorem']} | {r['quantity']} | {form} | {_g(r['ratio'])} | "
-                     f"{verdict} | {where} | {r['evaluations']} |")
+        lines.append(f"| {r['theorem']} | {r['quantity']} | {_form(r)} | {_g(r['ratio'])} | "
+                     f"{_verdict(r)} | {where} | {r['evaluations']} |")
     return lines
 
 

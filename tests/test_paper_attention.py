@@ -212,17 +212,25 @@ def test_R_m_carries_the_loss_gradient_up_to_2_over_L_d(case):
     assert frobenius <= np.sqrt(rank) * np.linalg.norm(residual, 2) * (1 + 1e-12)
 
 
-def _printed_functional(name, params, objects):
+def _printed_phi(name, params, objects):
+    """The Φ lemma's ``Φ_QQ``, ``Φ_VQ`` and the first (``Z_2``) term of ``Φ_QK``, as printed
+    (``(L·d·n_i) × n_j``)."""
     W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
-    R, Z1, Z2, S = objects["R"], objects["Z1"], objects["Z2"], objects["S"]
     outer = np.kron(np.eye(L), np.kron(W_V.T, np.kron(np.eye(d), W_K.T)))
     if name == "QQ":
-        return 2 / (L * d * d_k) * R(d * d_k) @ outer @ Z2 @ np.kron(np.eye(d), W_K)
+        return 2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(np.eye(d), W_K)
     if name == "VQ":
-        return (2 / (L * d * np.sqrt(d_k)) * R(d * d) @ np.kron(np.eye(L), S) @ Z1
+        return (2 / (L * d * np.sqrt(d_k)) * np.kron(np.eye(L), objects["S"]) @ objects["Z1"]
                 @ np.kron(np.eye(d), W_K))
-    return (2 / (L * d * d_k) * R(d * d_k) @ outer @ Z2 @ np.kron(W_Q, np.eye(d))
-            @ commutation(d_k, d))                  # H_f(Q,K): its first term only
+    return (2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(W_Q, np.eye(d))
+            @ commutation(d_k, d))
+
+
+def _printed_functional(name, params, objects):
+    """``H_f(Q,Q)``, ``H_f(V,Q)`` and the first term of ``H_f(Q,K)`` as printed: App. B.1
+    prints each as ``R_{n_i}`` times the Φ lemma's block (``n_i × n_j``)."""
+    first = {"QQ": "W_Q", "VQ": "W_V", "QK": "W_Q"}[name]
+    return objects["R"](params[first].size) @ _printed_phi(name, params, objects)
 
 
 @pytest.mark.parametrize("first, second, name", [("W_Q", "W_Q", "QQ"), ("W_V", "W_Q", "VQ")])
@@ -252,19 +260,6 @@ def test_printed_functional_QK_agrees_with_S_kron_I_applied_last(case):
     assert np.abs(second).max() > 0.1 * np.abs(mine).max()      # both terms matter
 
 
-def _printed_phi(name, params, objects):
-    """The Φ lemma's ``Φ_QQ``, ``Φ_VQ`` and the first term of ``Φ_QK``, as printed."""
-    W_Q, W_K, W_V = params["W_Q"], params["W_K"], params["W_V"]
-    outer = np.kron(np.eye(L), np.kron(W_V.T, np.kron(np.eye(d), W_K.T)))
-    if name == "QQ":
-        return 2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(np.eye(d), W_K)
-    if name == "VQ":
-        return (2 / (L * d * np.sqrt(d_k)) * np.kron(np.eye(L), objects["S"]) @ objects["Z1"]
-                @ np.kron(np.eye(d), W_K))
-    return (2 / (L * d * d_k) * outer @ objects["Z2"] @ np.kron(W_Q, np.eye(d))
-            @ commutation(d_k, d))
-
-
 @pytest.mark.parametrize("first, second, name", [("W_Q", "W_Q", "QQ"), ("W_V", "W_Q", "VQ")])
 def test_printed_phi_is_the_second_derivative_times_the_loss_factor(case, first, second, name):
     """The Φ lemma defines ``Φ_ij := ∂²F/∂W_i∂W_j`` but prints ``Φ_QQ``, ``Φ_VQ`` with the
@@ -279,20 +274,29 @@ def test_printed_phi_is_the_second_derivative_times_the_loss_factor(case, first,
 
 
 def test_printed_phi_QK_second_term_does_not_chain(case):
-    """``Φ_QK``'s second term ``(2/(L d √d_k))(I_d⊗W_Vᵀ⊗I_d)(Z_1⊗I_d) S⊗I_{d_k}``: the
-    first factor has ``d³`` columns, ``Z_1⊗I_d`` has ``L d²`` rows (equal only when
-    ``L = d``), and the result would have ``d³ d_k`` rows where ``Φ_QK`` has ``L d² d_k``.
-    Its first term is, like ``Φ_QQ``, ``2/(L d)`` times the ``Z_2`` part of ``∂²F``."""
+    """``Φ_QK``'s second term ``(2/(L d √d_k))(I_d⊗W_Vᵀ⊗I_d)(Z_1⊗I_d) S⊗I_{d_k}``: the first
+    factor has ``d³`` columns, ``Z_1⊗I_d`` has ``L d²`` rows (equal only when ``L = d``);
+    with ``I_L`` for the first ``I_d`` and without ``2/(L d)`` it is the term below.
+    Its first term is, like ``Φ_QQ``, ``2/(L d)`` times the ``Z_2`` part of ``∂²F``: the
+    engine's ``Φ_QK`` is ``(L d/2)`` times that term plus the derivative of ``X⊗XW_K`` in
+    ``G_Q`` with ``∂A/∂T`` held, ``((I_L⊗W_VᵀXᵀ) ∂A/∂T ⊗ I_{n_Q})(I_L⊗K_{L,d}⊗I_{d_k})
+    (vec_r X ⊗ I_{L d_k})(X ⊗ I_{d_k})/√d_k`` (the Kronecker rule)."""
     params, X, target = case
     objects = printed_objects(params, X, target)
     left = np.kron(np.eye(d), np.kron(params["W_V"].T, np.eye(d)))
     assert left.shape[1] != np.kron(objects["Z1"], np.eye(d)).shape[0]
-    assert d ** 3 * d_k != L * d * d * d_k
-    first_term = _printed_functional("QK", params, objects)
-    mine = block(params, X, target, "W_Q", "W_K", "functional")
-    Phi_first = _printed_phi("QK", params, objects)
-    assert np.abs(objects["R"](d * d_k) @ Phi_first - first_term).max() \
-        <= 1e-12 * np.abs(mine).max()
+    Xs, n_q = objects["X"], d * d_k
+    held = (np.kron(np.kron(np.eye(L), params["W_V"].T @ Xs.T) @ objects["dA"], np.eye(n_q))
+            @ np.kron(np.kron(np.eye(L), commutation(L, d)), np.eye(d_k))
+            @ np.kron(vec_r(Xs), np.eye(L * d_k)) @ np.kron(Xs, np.eye(d_k))) / np.sqrt(d_k)
+    mine = attention.output_hessian(params, Xs, "W_Q", "W_K")
+    first = _printed_phi("QK", params, objects)
+    assert np.abs(L * d / 2 * first + held - mine).max() <= 1e-12 * np.abs(mine).max()
+    assert np.abs(first - mine).max() > 0.5 * np.abs(mine).max()
+    # with I_L for I_d (as H_f(Q,K) prints it) and without 2/(L d), the second term is right
+    with_I_L = np.kron(np.kron(np.eye(L), np.kron(params["W_V"].T, np.eye(d)))
+                       @ np.kron(objects["Z1"], np.eye(d)) @ objects["S"], np.eye(d_k))
+    assert np.abs(with_I_L / np.sqrt(d_k) - held).max() <= 1e-12 * np.abs(held).max()
 
 
 def test_printed_G_V_G_Q_agree_and_G_K_needs_K_dk_d(case):

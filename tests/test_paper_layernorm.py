@@ -104,14 +104,16 @@ def test_generated_hessian_agrees_with_autograd_where_theorem_3_is_incomplete(X)
 
 # -- Theorem 3's pieces (App. B.3), one at a time ---------------------------------------------
 def named_factors(X):
-    """The proof's named factors as functions of ``X``: ``∂P/∂X = (1/√d) A_1 B_1``,
-    ``A_1 = −D⁻¹ ⊗ D⁻ᵀ``, ``B_1 = E A_2 B_2``, ``B_2 = J A_3 B_3``, ``A_3 = diag(vec_r M)``,
-    ``B_3 = ∂M/∂X``, and ``D``."""
+    """The proof's named factors as functions of ``X`` (``L×d``), as dense matrices:
+    ``∂P/∂X = (1/√d) A_1 B_1`` (``L² × Ld``), ``A_1 = −D⁻¹ ⊗ D⁻ᵀ`` (``L² × L²``),
+    ``B_1 = E A_2 B_2`` (``L² × Ld``), ``B_2 = J A_3 B_3`` (``L × Ld``),
+    ``A_3 = diag(vec_r M)`` (``Ld × Ld``), ``B_3 = ∂M/∂X`` (``Ld × Ld``), with
+    ``E = (e_i ⊗ e_i)_i``, ``A_2``, ``J = I_L ⊗ 1ᵀ`` as in :func:`printed_pieces`."""
     M, P, dM, dP, E, A2, J = printed_pieces(X)
     A3 = np.diag(vec_r(M).reshape(-1))
     B2 = J @ A3 @ dM
     return {"A1": np.kron(-P, P.T), "A2": A2, "A3": A3, "B1": E @ A2 @ B2, "B2": B2,
-            "D": np.linalg.inv(P), "dP": dP, "E": E, "J": J, "dM": dM, "M": M, "P": P}
+            "dP": dP, "E": E, "J": J, "dM": dM, "M": M, "P": P}
 
 
 def _derivative(name, X):

@@ -45,7 +45,7 @@ def test_quick_reproduce_writes_finite_results(tmp_path, capsys):
         assert all(v > 0 for v in state["smallest_row_variance"].values())   # Assumption 2
     for blocks in results["convergence"]["block_norms"].values():
         assert len(blocks) == 25 and all(b["spectral"] > 0 for b in blocks)
-    assert markdown.count("| Sec. 5, Figure") == 4 and "| Sec. 6 |" in markdown
+    assert markdown.count("| Sec. 5, Figure") == 5 and "| Sec. 6 |" in markdown
     for config in results["scaling"]["configs"].values():
         for block in config["blocks"]:
             assert abs(block["derived"] - block["measured"]) <= 0.15, block

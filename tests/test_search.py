@@ -63,7 +63,8 @@ STEP_1 = ("step 1 of the proof of Theorem 1 takes ||dA/dT|| <= 1/L, which holds 
           "attention only (docs/ERRATA.md)")
 XI = ("Theorem 6's bound on block (2,1) uses the printed ||xi_21|| <= sqrt(d_ff) ||W_2||, "
       "which vanishes with W_2 while the block does not (docs/ERRATA.md)")
-SIGMA_MIN = "App. C LayerNorm lemma's printed sigma_min is sqrt(d) times the proof's (docs/ERRATA.md)"
+SIGMA_MIN = ("the App. C LayerNorm lemma's printed sigma_min is sqrt(d) times the proof's "
+             "(docs/ERRATA.md)")
 LOSS_FACTOR = "the printed Phi bounds carry the MSE's 2/(L d) (docs/ERRATA.md)"
 
 #: Worst cases the search found below 1 (docs/ERRATA.md, "Worst cases by search"):
@@ -89,7 +90,8 @@ F_SCALES = {"s_Q": -3.582481, "s_K": -1.631595, "s_V": 0.112328, "s_1": -4.21696
 G = D
 G_SCALES = {"s_Q": 2.138507, "s_K": 1.963603, "s_V": -0.545988, "s_1": -4.648438,
             "s_2": -2.346884, "s_x": -1.111697, "s_c": -0.51052, "s_t": 1.026526}
-PHI_AND_SIGMA = ("Theorem 6's Q-K blocks use the printed Phi_QK bound and App. C LayerNorm lemma's printed "
+PHI_AND_SIGMA = ("Theorem 6's Q-K blocks use the printed Phi_QK bound and the App. C LayerNorm "
+                 "lemma's printed "
                  "sigma_min, both violated at this instance (docs/ERRATA.md)")
 H = {"L": 2, "d": 2, "d_k": 3, "d_ff": 2}
 H_SCALES = {"s_Q": 3.0, "s_K": -4.78898, "s_V": -4.520437, "s_x": -0.735424, "s_c": -3.457074,
