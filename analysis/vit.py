@@ -153,6 +153,12 @@ class WholeHessian:
     block_diagonal: dict[str, dict[str, float]]
 
 
+def _consecutive(params: dict, names: list[str]) -> list[slice]:
+    """The rows of each of ``names`` in a Hessian over them, in that order (``vec_r`` each)."""
+    offsets = np.cumsum([0] + [params[name].numel() for name in names])
+    return [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
 def block_diagonal_error(H: torch.Tensor, slices: dict[str, slice]) -> dict[str, float]:
     """``‖H − D‖ / ‖H‖`` in the Frobenius and spectral norms, ``D`` the diagonal blocks of
     ``H`` over ``slices`` (the rest zero)."""
@@ -173,9 +179,7 @@ def whole_hessian(params: dict, data: Digits, samples: int, batch: int = 64) -> 
         X, T = data.train_x[start:stop], data.train_y[start:stop, None]
         H += MODEL.loss_hessian(params, X, T) * (stop - start) / samples
     parts = MODEL.part_slices(params)
-    offsets = np.cumsum([0] + [params[name].numel() for name in PARAMS])
-    by_param = {name: slice(int(offsets[k]), int(offsets[k + 1]))
-                for k, name in enumerate(PARAMS)}
+    by_param = dict(zip(PARAMS, _consecutive(params, PARAMS)))
     errors = {"layers": block_diagonal_error(H, parts),
               "parameters": block_diagonal_error(H, by_param)}
     return WholeHessian(H, parts, by_param, samples, symmetric_spectral_norm(H), errors)
@@ -192,9 +196,7 @@ def block_hessian_norms(params: dict, data: Digits, samples: int = 128
     batch, as the paper's Figures 3–5 take)."""
     wrt = list(BLOCK_WEIGHTS.values())
     H = MODEL.loss_hessian(params, data.train_x[:samples], data.train_y[:samples, None], wrt)
-    offsets = np.cumsum([0] + [params[name].numel() for name in wrt])
-    at = {short: slice(int(offsets[k]), int(offsets[k + 1]))
-          for k, short in enumerate(BLOCK_WEIGHTS)}
+    at = dict(zip(BLOCK_WEIGHTS, _consecutive(params, wrt)))
     return {(a, b): float(torch.linalg.matrix_norm(H[at[a], at[b]], ord=2))
             for a in at for b in at}
 
