@@ -1,12 +1,15 @@
-"""``curvgap.curvature(layer)``: the contract's functions for a real layer, in the layer's own
-parameter order and layout.
+"""``curvgap.curvature(module)``: the contract's functions for a real module, read from what
+its forward computes (:mod:`.trace`), in the module's own parameter order and layout.
 
-The module of the layer's config is generated on first use into the cache
-(:mod:`curvgap.codegen.cache`) and reused while it is current. Weights are read from the
-layer at every call. Rows and columns of Hessians, entries of HVPs and columns of Jacobians
-follow
-``torch.cat([p.reshape(-1) for p in layer.parameters()])``; ``wrt`` takes the layer's own
-parameter names (or ``"X"``).
+The module is traced on the first call with each kind of inputs, its program derived and
+generated once (cached on disk, :mod:`curvgap.codegen.cache`), and its weights read at every
+call in their own layout (reshapes, no copies). Every function takes the module's inputs as
+its forward does: ``X`` (its first input), then the target (and ``v``), then the module's
+keyword inputs (``attention_mask=...``), which are read as constants. Rows and columns of
+Hessians, entries of gradients and HVPs follow
+``torch.cat([p.reshape(-1) for p in module.parameters()])`` (or, with ``wrt``, the named
+parameters listed, in the module's order); parameters the output does not depend on have
+exact zeros.
 
 In place of ``X, T``, the averaging functions (``loss``, ``gradient``, ``loss_hessian``,
 ``hvp``, ``gnvp``, ``diagonal``) and ``hessian_operator`` take a dataset's batches (a
@@ -16,212 +19,412 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 
 from __future__ import annotations
 
+import sys
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
 import torch
 
 from ..codegen.cache import module_for
 from ..data import is_batches, over_batches, takes_batches
+from ..derivations.losses import names as loss_names
+from ..models import Chain
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
-from .layers import flat_index
-from .recognise import recognise
+from .fingerprint import fingerprint
+from .trace import Trace, constants, signature, trace
+
+
+class _Transposed(torch.nn.Module):
+    """A module taking ``(L, B, ...)`` seen as one taking ``(B, L, ...)`` (its output
+    likewise)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, X: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(X.transpose(0, 1), *args, **kwargs)
+        first = out[0] if isinstance(out, tuple) else out
+        return first.transpose(0, 1)
+
+
+def _batch_first(module: torch.nn.Module) -> bool:
+    """Whether the module takes its batch first: torch's ``batch_first=False`` (on the module
+    or on the attention inside it) says otherwise."""
+    for sub in module.modules():
+        if isinstance(getattr(sub, "batch_first", None), bool):
+            return sub.batch_first
+    return True
+
+
+@dataclass
+class _Read:
+    """A module read for one kind of inputs: its trace, what runs it (the generated module of
+    its one part, or the chain of its parts' modules), the module's name of each of the
+    runner's parameters, in the runner's order, and each part's prefix in the runner."""
+
+    trace: Trace
+    runner: ModuleType | Chain
+    names: dict[str, str]
+    prefixes: list[str]
+
+    @property
+    def chained(self) -> bool:
+        return isinstance(self.runner, Chain)
 
 
 class Curvature:
-    """Exact derivatives of ``layer``'s loss (the config's: ``"mse"`` is
-    ``F.mse_loss(layer(X), T)``). ``X`` is ``(B, L, d)`` (or one sample ``(L, d)``)."""
+    """Exact derivatives of ``loss(module(X, **inputs), T)`` (``"mse"``:
+    ``F.mse_loss``, the mean over every entry; ``"cross_entropy"``: over the last axis of
+    the output, targets the class indices)."""
 
-    def __init__(self, layer: torch.nn.Module, loss: str = "mse") -> None:
-        self.layer = layer
-        self.recognised = recognise(layer, loss)
-        self.module = module_for(self.recognised.config)
-        self.names = list(self.recognised.names)
-        # where each entry of the module's parameters lives in the layer's flat vector
-        index = flat_index(layer)
-        mapped = self.recognised.ours(index)
-        self._index, self._entries = index, mapped
-        self._selections: dict[tuple[str, ...], tuple[list[str], torch.Tensor]] = {}
-        self._ours = [name for name, _ in self.module.PARAMS]
-        self._position = {name: mapped[name].reshape(-1) for name in self._ours}
-        self._owner = {name: next(n for n, entries in index.items()
-                                  if int(mapped[name].reshape(-1)[0]) in entries)
-                       for name in self._ours}
+    def __init__(self, module: torch.nn.Module, loss: str = "mse") -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module: expected a torch.nn.Module, got "
+                            f"{type(module).__name__}")
+        allowed = [n for n in loss_names() if n != "linear"]
+        if loss not in allowed:
+            raise ValueError(f"loss: expected one of {allowed}, got {loss!r}")
+        self.module, self.loss_name = module, loss
+        self.transposed = not _batch_first(module)
+        self.traced = _Transposed(module) if self.transposed else module
+        self.names = [name for name, _ in module.named_parameters()]
+        self._reads: dict[tuple, _Read] = {}
+        self._fingerprint = fingerprint(module)
 
-    # -- the layer's parameters as the module's -------------------------------------------
-    def params(self) -> dict[str, torch.Tensor]:
-        """The module's parameters, read from the layer now."""
-        values = {n: p.detach() for n, p in self.layer.named_parameters()}
-        return {n: v.contiguous() for n, v in self.recognised.ours(values).items()}
+    # -- reading the module ----------------------------------------------------------------------
+    def _prepared(self, X: Any, T: Any, inputs: dict) -> tuple:
+        """``X`` and ``T`` checked (the batch first), the module read for this kind of inputs
+        (traced on first use), and the parameters and constants its runner takes."""
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(f"X: expected a torch.Tensor (the module's first input) or a "
+                            f"dataset's batches of (X, T), got {type(X).__name__}")
+        if not X.is_floating_point():
+            raise TypeError(f"X: expected a floating-point tensor, got dtype {X.dtype}")
+        batch = 1 if self.transposed else 0
+        if X.ndim < 2 or X.shape[batch] < 1:
+            raise ValueError(f"X: expected a batch of samples (the batch along dimension "
+                             f"{batch}), got shape {tuple(X.shape)}")
+        current = fingerprint(self.module)
+        if current != self._fingerprint:  # the module changed: read it again
+            self._reads.clear()
+            self._fingerprint = current
+        if self.transposed:
+            X = X.transpose(0, 1)
+            if isinstance(T, torch.Tensor) and T.ndim >= 2:
+                T = T.transpose(0, 1)
+        key = signature(X, inputs)
+        if key not in self._reads or not _fits(self._reads[key].trace, X):
+            self._reads[key] = self._read(X, inputs)
+        read = self._reads[key]
+        dims = _dims(read.trace, X)
+        values = constants(read.trace, self.traced, X, inputs, dims)
+        params = {name: self.traced.get_parameter(source).detach()
+                  for name, source in read.names.items()}
+        for prefix, part in zip(read.prefixes, values):
+            params.update({f"{prefix}{name}": value for name, value in part.items()})
+        return X, T, read, params
 
-    def _ours_of(self, wrt: str | list[str] | None) -> tuple[list[str], torch.Tensor]:
-        """The module's parameters that make up the layer's ``wrt``, and the permutation
-        from their concatenation to the layer's order of ``wrt``."""
-        return self._selection(wrt)[:2]
+    def _read(self, X: torch.Tensor, inputs: dict) -> _Read:
+        start = time.perf_counter()
+        traced = trace(self.traced, X, inputs, self.loss_name)
+        programs, paths = traced.programs, traced.paths
+        if len(programs) == 1:
+            runner: ModuleType | Chain = module_for(programs[0])
+            prefixes = [""]
+        else:
+            prefixes = [f"{path or f'part{k}'}." for k, path in enumerate(paths)]
+            runner = Chain([(prefix[:-1], program) for prefix, program in
+                            zip(prefixes, programs)])
+        names = {}
+        for prefix, path, reading in zip(prefixes, paths, traced.readings):
+            for name, source in reading.params.items():
+                names[f"{prefix}{name}"] = f"{path}.{source}" if path else source
+        seconds = time.perf_counter() - start
+        if seconds > 2:
+            parts = f" ({len(set(programs))} distinct of {len(programs)} parts)" \
+                if len(programs) > 1 else ""
+            print(f"curvgap: read {type(self.module).__name__} and generated its "
+                  f"module{'s' if parts else ''}{parts} in {seconds:.1f} s (once per "
+                  "architecture: cached on disk)", file=sys.stderr)
+        return _Read(traced, runner, names, prefixes)
 
-    def _selection(self, wrt: str | list[str] | None
-                   ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """:meth:`_ours_of`'s pair and the inverse permutation, sorted once per ``wrt``."""
-        names = self.names if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
+    def _source(self, name: str) -> str:
+        """The module's name of a parameter of the traced module (the wrapper's prefix
+        dropped)."""
+        return name.removeprefix("module.") if self.transposed else name
+
+    # -- parameters in the module's order -------------------------------------------------------
+    def _wrt(self, wrt: Any) -> list[str]:
+        """The module's parameters ``wrt`` names (default: all), checked, in the module's
+        order."""
+        if wrt is None:
+            return list(self.names)
+        names = [wrt] if isinstance(wrt, str) else wrt
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"wrt: expected a parameter name, a list of names or 'X', got "
+                            f"{wrt!r} ({type(wrt).__name__})")
         unknown = [n for n in names if n not in self.names]
-        if unknown:
-            raise ValueError(f"wrt: expected 'X' or names of the layer's parameters "
-                             f"{self.names}, got {unknown}")
-        key = tuple(names)
-        if key not in self._selections:  # sorting millions of positions: once per wrt
-            self._selections[key] = self._permutation(names)
-        return self._selections[key]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ValueError(f"wrt: expected distinct names of the module's parameters (such "
+                             f"as {self.names[:2]}) or 'X', got {list(names)}")
+        chosen = set(names)
+        return [n for n in self.names if n in chosen]
 
-    def _permutation(self, names: list[str]) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """:meth:`_ours_of`'s pair, and the inverse permutation (the layer's order of ``wrt``
-        to the module's concatenation)."""
-        ours = [n for n in self._ours if self._owner[n] in names]
-        positions = torch.cat([self._position[n] for n in ours])
-        # renumber the layer's positions of the requested parameters 0..n-1, in layer order
-        back = torch.argsort(positions)
-        inverse = torch.empty_like(back)
-        inverse[back] = torch.arange(len(back))
-        return ours, back, inverse
+    def _pieces(self, read: _Read, names: list[str]) -> list[tuple[str, str | None, int]]:
+        """Per module parameter of ``names`` (in order): its name, the runner's name for it
+        (``None``: the output does not depend on it) and its number of entries."""
+        ours = {self._source(source): name for name, source in read.names.items()}
+        return [(n, ours.get(n), self.module.get_parameter(n).numel()) for n in names]
 
-    # -- the contract -----------------------------------------------------------------------
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        """The layer's output ``(B, L, d)``."""
-        return self.module.forward(self.params(), X)
+    @staticmethod
+    def _used(read: _Read, pieces: list) -> list[str]:
+        """The runner's parameters among ``pieces``, in the runner's order."""
+        order = {name: k for k, name in enumerate(read.names)}
+        return sorted((ours for _, ours, _ in pieces if ours is not None), key=order.get)
 
-    @over_batches(state=lambda self: self.layer)
-    def loss(self, X: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """The loss averaged over the batch (a scalar)."""
-        return self.module.loss(self.params(), X, T)
+    @staticmethod
+    def _spread(values: torch.Tensor, pieces: list, used: list[str], axis: int = 0
+                ) -> torch.Tensor:
+        """``values`` (along ``axis``: the ``used`` parameters' entries, concatenated) in the
+        order of ``pieces``, with zeros where a piece is not used."""
+        if [ours for _, ours, _ in pieces] == used:
+            return values
+        sizes = {ours: size for _, ours, size in pieces if ours is not None}
+        offsets, offset = {}, 0
+        for name in used:
+            offsets[name] = offset
+            offset += sizes[name]
+        parts = []
+        for _, ours, size in pieces:
+            if ours is None:
+                shape = list(values.shape)
+                shape[axis] = size
+                parts.append(values.new_zeros(shape))
+            else:
+                parts.append(values.narrow(axis, offsets[ours], size))
+        return torch.cat(parts, axis)
 
-    @over_batches(state=lambda self: self.layer)
-    def gradient(self, X: torch.Tensor, T: torch.Tensor,
-                 wrt: str | list[str] | None = None) -> torch.Tensor:
-        """The loss's gradient over ``wrt`` (default: every parameter) in the layer's order,
-        ``(n,)``; ``wrt="X"``: per sample ``(B, L·d)``."""
-        if wrt == "X":
-            return self.module.gradient(self.params(), X, T, wrt="X")
-        ours, back = self._ours_of(wrt)
-        return self.module.gradient(self.params(), X, T, wrt=ours)[back]
+    @staticmethod
+    def _gather(v: torch.Tensor, pieces: list, used: list[str]) -> torch.Tensor:
+        """The rows of ``v`` (``pieces`` concatenated) of the ``used`` parameters, in their
+        order."""
+        if [ours for _, ours, _ in pieces] == used:
+            return v
+        rows, offset = {}, 0
+        for _, ours, size in pieces:
+            if ours is not None:
+                rows[ours] = v[offset:offset + size]
+            offset += size
+        return torch.cat([rows[name] for name in used])
 
-    def jacobian(self, X: torch.Tensor, wrt: str) -> torch.Tensor:
-        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, L·d, n_wrt)``, columns in the layout of
-        the layer's parameter ``wrt`` (or of ``X``)."""
-        if wrt == "X":
-            return self.module.jacobian(self.params(), X, "X")
-        ours, back = self._ours_of(wrt)
-        params = self.params()
-        J = torch.cat([self.module.jacobian(params, X, n) for n in ours], dim=-1)
-        return J[..., back]
+    def _selection(self, read: _Read, wrt: Any) -> tuple[list, list[str], int]:
+        pieces = self._pieces(read, self._wrt(wrt))
+        return pieces, self._used(read, pieces), sum(size for *_, size in pieces)
 
-    @over_batches(state=lambda self: self.layer)
-    def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
-                     part: str = "full") -> torch.Tensor:
-        """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the layer's
-        order; ``part`` ``"full"``, ``"gauss_newton"`` or ``"functional"``. ``wrt="X"``:
-        per sample ``(B, L·d, L·d)``."""
-        if wrt == "X":
-            return self.module.loss_hessian(self.params(), X, T, wrt="X", part=part)
-        ours, back = self._ours_of(wrt)
-        H = self.module.loss_hessian(self.params(), X, T, wrt=ours, part=part)
-        return H[back][:, back]
+    # -- the contract ---------------------------------------------------------------------------
+    def forward(self, X: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The module's (first) output, computed by the generated code."""
+        X, _, read, params = self._prepared(X, None, inputs)
+        out = read.runner.forward(params, X)
+        return out.transpose(0, 1) if self.transposed else out
 
-    def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor,
-                           wrt: str | list[str] | None = None,
-                           part: str = "full") -> torch.Tensor:
-        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every
-        parameter), ``(B, L·d, n)``, columns in the layer's order."""
-        ours, back = self._ours_of(wrt)
-        H = self.module.loss_hessian_mixed(self.params(), X, T, wrt=ours, part=part)
-        return H[..., back]
+    @over_batches(state=lambda self: self.module)
+    def loss(self, X: torch.Tensor, T: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The loss, averaged over the batch (a scalar)."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        return read.runner.loss(params, X, T)
 
-    @over_batches(state=lambda self: self.layer)
-    def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
-            wrt: str | list[str] | None = None) -> torch.Tensor:
-        """The loss Hessian over ``wrt`` times ``v`` (both in the layer's order), ``(n,)``, or
-        times each column of ``v`` ``(n, k)``, ``(n, k)``."""
-        return self._product(self.module.hvp, X, T, v, wrt)
+    @over_batches(state=lambda self: self.module)
+    def gradient(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
+                 **inputs: Any) -> torch.Tensor:
+        """The loss's gradient over ``wrt`` (default: every parameter), ``(n,)`` in the
+        module's order; ``wrt="X"``: per sample, ``(B, n_X)``."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        if isinstance(wrt, str) and wrt == "X":
+            return read.runner.gradient(params, X, T, wrt="X")
+        pieces, used, n = self._selection(read, wrt)
+        if not used:
+            return X.new_zeros(n)
+        if read.chained:  # a chain gives every parameter's: the ones asked for taken out
+            return self._spread(read.runner.gradient(params, X, T), pieces, list(read.names))
+        return self._spread(read.runner.gradient(params, X, T, wrt=used), pieces, used)
 
-    @over_batches(state=lambda self: self.layer)
-    def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
-             wrt: str | list[str] | None = None) -> torch.Tensor:
+    def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
+        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
+        layout of ``wrt`` (a parameter name, or ``"X"``)."""
+        X, _, read, params = self._prepared(X, None, inputs)
+        if isinstance(wrt, str) and wrt == "X":
+            return read.runner.jacobian(params, X, "X")
+        pieces, used, n = self._selection(read, wrt)
+        blocks = [read.runner.jacobian(params, X, name) for name in used]
+        if not blocks:
+            outputs = read.runner.forward(params, X)[0].numel()
+            return X.new_zeros(X.shape[0], outputs, n)
+        return self._spread(torch.cat(blocks, -1), pieces, used, axis=-1)
+
+    @over_batches(state=lambda self: self.module)
+    def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
+                     part: str = "full", **inputs: Any) -> torch.Tensor:
+        """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
+        module's order, blocks between parts included; ``part`` ``"full"``,
+        ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per sample ``(B, n_X, n_X)``."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        if isinstance(wrt, str) and wrt == "X":
+            return read.runner.loss_hessian(params, X, T, wrt="X", part=part)
+        pieces, used, n = self._selection(read, wrt)
+        if not used:
+            return X.new_zeros(n, n)
+        H = read.runner.loss_hessian(params, X, T, wrt=used, part=part)
+        return self._spread(self._spread(H, pieces, used, 0), pieces, used, 1)
+
+    def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
+                           part: str = "full", **inputs: Any) -> torch.Tensor:
+        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every parameter),
+        ``(B, n_X, n)``, columns in the module's order."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        pieces, used, n = self._selection(read, wrt)
+        H = read.runner.loss_hessian_mixed(params, X, T, wrt=used, part=part)
+        return self._spread(H, pieces, used, -1)
+
+    @over_batches(state=lambda self: self.module)
+    def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor, wrt: Any = None,
+            **inputs: Any) -> torch.Tensor:
+        """The loss Hessian over ``wrt`` times ``v`` (both in the module's order), ``(n,)``,
+        or times each column of ``v`` ``(n, k)``; ``wrt="X"``: per sample."""
+        return self._product("hvp", X, T, v, wrt, inputs)
+
+    @over_batches(state=lambda self: self.module)
+    def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor, wrt: Any = None,
+             **inputs: Any) -> torch.Tensor:
         """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` of the loss Hessian over ``wrt`` times
         ``v``, shapes as for :meth:`hvp`."""
-        return self._product(self.module.gnvp, X, T, v, wrt)
+        return self._product("gnvp", X, T, v, wrt, inputs)
 
-    def _product(self, product, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor,
-                 wrt: str | list[str] | None) -> torch.Tensor:
-        ours, back, inverse = self._selection(wrt)
-        if v.ndim not in (1, 2) or v.shape[0] != back.shape[0]:
-            raise ValueError(f"v: expected shape ({back.shape[0]},) or ({back.shape[0]}, k) "
-                             f"(the entries of {wrt or 'every parameter'}), got shape "
+    def _product(self, kind: str, X: Any, T: Any, v: Any, wrt: Any, inputs: dict) -> Any:
+        X, T, read, params = self._prepared(X, T, inputs)
+        product = getattr(read.runner, kind)
+        if isinstance(wrt, str) and wrt == "X":
+            return product(params, X, T, _tensor(v, X), wrt="X")
+        pieces, used, n = self._selection(read, wrt)
+        v = _tensor(v, X)
+        if v.ndim not in (1, 2) or v.shape[0] != n or (v.ndim == 2 and v.shape[1] == 0):
+            raise ValueError(f"v: expected shape ({n},) or ({n}, k) with k >= 1 (the entries "
+                             f"of {wrt or 'every parameter'} in the module's order), got shape "
                              f"{tuple(v.shape)}")
-        v_ours = v.index_select(0, inverse)  # gathers: faster than scattering millions
-        return product(self.params(), X, T, v_ours, wrt=ours).index_select(0, back)
+        if not used:
+            return torch.zeros_like(v)
+        return self._spread(product(params, X, T, self._gather(v, pieces, used), wrt=used),
+                            pieces, used)
 
-    @over_batches(state=lambda self: self.layer)
-    def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: str | list[str] | None = None,
-                 part: str = "full") -> torch.Tensor:
-        """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the layer's
-        order; ``wrt="X"``: per sample ``(B, L·d)``."""
-        if wrt == "X":
-            return self.module.diagonal(self.params(), X, T, wrt="X", part=part)
-        ours, back = self._ours_of(wrt)
-        return self.module.diagonal(self.params(), X, T, wrt=ours, part=part)[back]
+    @over_batches(state=lambda self: self.module)
+    def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",
+                 **inputs: Any) -> torch.Tensor:
+        """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the module's
+        order; ``wrt="X"``: per sample ``(B, n_X)``."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        if isinstance(wrt, str) and wrt == "X":
+            return read.runner.diagonal(params, X, T, wrt="X", part=part)
+        pieces, used, n = self._selection(read, wrt)
+        if not used:
+            return X.new_zeros(n)
+        return self._spread(read.runner.diagonal(params, X, T, wrt=used, part=part), pieces,
+                            used)
 
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
-                        wrt_j: str | None = None, part: str = "full") -> KroneckerSum:
-        """The loss-Hessian block ``(wrt_i, wrt_j)`` (layer parameter names; ``wrt_j``
-        default ``wrt_i``) as its Kronecker factors in the layer's layout
-        (:class:`~curvgap.operators.KroneckerSum`), where the block is exactly such a sum for
-        this architecture and each name is one whole matrix of the module (held as it is or
-        transposed: ``A ⊗ B`` of the module's layout is ``B ⊗ A`` in the transposed one)."""
-        first, flip_i = self._whole(wrt_i, "wrt_i")
-        second, flip_j = self._whole(wrt_i if wrt_j is None else wrt_j, "wrt_j")
-        if (first, second, part) not in self.module.STRUCTURED:
-            blocks = [f"({self._owner[v]}, {self._owner[w]}, {p!r})"
-                      for v, w, p in self.module.STRUCTURED]
+                        wrt_j: str | None = None, part: str = "full",
+                        **inputs: Any) -> KroneckerSum:
+        """The loss-Hessian block ``(wrt_i, wrt_j)`` (``wrt_j`` default ``wrt_i``) as its
+        Kronecker factors (:class:`~curvgap.operators.KroneckerSum`), where the block is
+        exactly such a sum for this module (a single part's weight matrices, each read
+        whole)."""
+        X, T, read, params = self._prepared(X, T, inputs)
+        ours = {self._source(s): n for n, s in read.names.items()}
+        first = ours.get(wrt_i)
+        second = ours.get(wrt_i if wrt_j is None else wrt_j)
+        module = read.runner
+        if read.chained or first is None or second is None or (
+                first, second, part) not in module.STRUCTURED:
+            blocks = ([] if read.chained else
+                      [f"({self._source(read.names[v])}, {self._source(read.names[w])}, {p!r})"
+                       for v, w, p in module.STRUCTURED])
             raise ValueError(f"wrt_i, wrt_j: expected a block that is exactly a sum of "
-                             f"Kronecker products in this layer ({', '.join(blocks) or 'none'}"
+                             f"Kronecker products in this module ({', '.join(blocks) or 'none'}"
                              f"), got ({wrt_i}, {wrt_j or wrt_i}, {part!r})")
-        block = kronecker_block(self.module, self.params(), X, T, first, second, part)
-        if flip_i != flip_j:
-            raise ValueError(f"wrt_i, wrt_j: expected parameters held alike (both as the "
-                             f"module's {first}, {second} or both transposed), got "
-                             f"{wrt_i!r}, {wrt_j!r}")
-        if not flip_i:
-            return block
-        swapped = [(B, A) for A, B in block.products]
-        return KroneckerSum(swapped, block.right_shape, block.left_shape)
-
-    def _whole(self, name: str, argument: str) -> tuple[str, bool]:
-        """The module's parameter that is exactly the layer's parameter ``name``, and whether
-        the layer holds it transposed."""
-        if name not in self._index:
-            raise ValueError(f"{argument}: expected a name of the layer's parameters "
-                             f"{self.names}, got {name!r}")
-        entries = self._index[name]
-        for ours in self._ours:
-            held = self._entries[ours]
-            if held.shape == entries.shape and torch.equal(held, entries):
-                return ours, False
-            if held.ndim == 2 and held.T.shape == entries.shape and torch.equal(held.T, entries):
-                return ours, True
-        raise ValueError(f"{argument}: expected a parameter that is one whole matrix of the "
-                         f"module ({name!r} holds parts of several, or part of one)")
+        return kronecker_block(module, params, X, T, first, second, part)
 
     @takes_batches
-    def hessian_operator(self, X: torch.Tensor, T: torch.Tensor,
-                         wrt: str | list[str] | None = None,
-                         part: str = "full") -> CurvatureOperator:
-        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the layer's
+    def hessian_operator(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
+                         part: str = "full", **inputs: Any) -> CurvatureOperator:
+        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the module's
         order (:class:`~curvgap.operators.CurvatureOperator`), for scipy's and curvlinops'
-        solvers and estimators. On one batch the weights are read now; over a dataset's
-        batches every product is a pass over them (collective under ``torch.distributed``:
-        every rank runs the same solver with the same start, see :mod:`curvgap.data`)."""
-        n = self._ours_of(wrt)[1].shape[0]
+        solvers and estimators. On one batch the weights are read now (a snapshot: later
+        changes to the module do not reach it); over a dataset's batches every product is a
+        pass over them (collective under ``torch.distributed``, see :mod:`curvgap.data`)."""
+        names = self._wrt(wrt)
+        n = sum(self.module.get_parameter(name).numel() for name in names)
         if is_batches(X):
-            data, like = (X,), next(iter(self.params().values()))
-        else:
-            data, like = (X, T), X
-            self.loss(X, T)  # checks X and T now, not at the first product
-        return CurvatureOperator(part_product(
-            lambda V: self.hvp(*data, V, wrt), lambda V: self.gnvp(*data, V, wrt), part),
-            n, like.dtype, like.device)
+            like = next(self.module.parameters())
+            return CurvatureOperator(part_product(
+                lambda V: self.hvp(X, V, wrt, **inputs),
+                lambda V: self.gnvp(X, V, wrt, **inputs), part), n, like.dtype, like.device)
+        X_, T_, read, params = self._prepared(X, T, inputs)
+        params = {k: v.clone() for k, v in params.items()}  # the weights of now
+        pieces = self._pieces(read, names)
+        used = self._used(read, pieces)
+        read.runner.loss(params, X_, T_)  # checks X and T now, not at the first product
+
+        def product(kind: str):
+            def multiply(V: torch.Tensor) -> torch.Tensor:
+                if not used:
+                    return torch.zeros_like(V)
+                out = getattr(read.runner, kind)(params, X_, T_, self._gather(V, pieces, used),
+                                                 wrt=used)
+                return self._spread(out, pieces, used)
+            return multiply
+
+        return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,
+                                 X.dtype, X.device)
+
+    def layer_slices(self, wrt: Any = None) -> dict[str, slice]:
+        """Where each of the module's parameters (``wrt``, default all) lies in the rows of
+        ``loss_hessian`` and ``gradient``: name → slice."""
+        slices, offset = {}, 0
+        for name in self._wrt(wrt):
+            size = self.module.get_parameter(name).numel()
+            slices[name] = slice(offset, offset + size)
+            offset += size
+        return slices
+
+
+def _tensor(v: Any, X: torch.Tensor) -> torch.Tensor:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"v: expected a torch.Tensor (of X's dtype and device), got "
+                        f"{type(v).__name__}")
+    return v
+
+
+def _fits(traced: Trace, X: torch.Tensor) -> bool:
+    """Whether ``X``'s sizes are those the trace fixed (where it fixed any)."""
+    return all(fixed is None or fixed == size for fixed, size in zip(traced.fixed, X.shape))
+
+
+def _dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:
+    """Each part's sizes for this ``X``: the fixed ones and those bound at call time (the
+    trace's symbols, valued from ``X``'s shape)."""
+    placeholder = next(n for n in traced.exported.graph.nodes
+                       if n.name == traced.exported.graph_signature.user_inputs[0])
+    values = {}
+    for extent, size in zip(placeholder.meta["val"].shape, X.shape):
+        if isinstance(extent, torch.SymInt):
+            values[extent.node.expr] = int(size)
+    out = []
+    for reading in traced.readings:
+        dims = {name: size for name, size in reading.program.sizes if size is not None}
+        for name, symbol in reading.symbols.items():
+            dims[name] = int(symbol.xreplace(values))
+        out.append(dims)
+    return out

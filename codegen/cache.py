@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..derivations.config import Config
+from ..derivations.program import Program
 from .backends import MODULE_BACKENDS
 from .backends import backend as backend_named
 from .generate import recorded_state, relative_path, render_all, write
@@ -26,12 +27,15 @@ def _cache() -> Path:
     return Path(root) / "modules"
 
 
-def module_for(config: Config, backend: str = "torch") -> ModuleType:
-    """The generated ``backend`` module (``"torch"`` or ``"numpy"``) of ``config``
-    (generated once into the cache, named by the hash of what it computes, its options but
-    its name, then reused; loaded once per process)."""
-    options = {**dataclasses.asdict(config), "name": ""}
-    digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+def module_for(config: Config | Program, backend: str = "torch") -> ModuleType:
+    """The generated ``backend`` module (``"torch"`` or ``"numpy"``) of ``config`` or of a
+    program read from a module (generated once into the cache, named by the hash of what it
+    computes, its options but its name, then reused; loaded once per process)."""
+    if isinstance(config, Program):
+        digest = config.fingerprint[:16]
+    else:
+        options = {**dataclasses.asdict(config), "name": ""}
+        digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     config = dataclasses.replace(config, name=f"layer_{digest}")
     folder, chosen = _cache(), backend_named(backend)
     path = folder / relative_path(config, chosen)

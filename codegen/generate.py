@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..derivations.config import Config, ConfigError, load
 from ..derivations.model import Derivation, derive
+from ..derivations.program import Program
 from . import output
 from .backends import BACKENDS, MODULE_BACKENDS, Backend
 from .backends import backend as backend_named
@@ -38,7 +39,7 @@ class RefusedOutput(GenerationError, ValueError):
 
 @dataclass
 class Rendered:
-    config: Config
+    config: Config | Program
     backend: str
     relative_path: str
     text: str
@@ -62,10 +63,18 @@ def hashed_sources(backend: Backend) -> list[Path]:
     return sorted([*engine, *codegen, *templates])
 
 
-def source_hash(config: Config, backend: Backend) -> str:
-    """SHA-256 of the config and of :func:`hashed_sources`."""
+def identity(config: Config | Program) -> str:
+    """What a config (or a program read from a module) derives, as text: equal for equal
+    sources."""
+    if isinstance(config, Program):
+        return f"program {config.name} {config.fingerprint}"
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def source_hash(config: Config | Program, backend: Backend) -> str:
+    """SHA-256 of the config (or program) and of :func:`hashed_sources`."""
     digest = hashlib.sha256()
-    digest.update(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
+    digest.update(identity(config).encode())
     digest.update(backend.name.encode())
     for path in hashed_sources(backend):
         digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode())
@@ -77,7 +86,7 @@ def body_hash(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _header(config: Config, backend: Backend, body: str) -> str:
+def _header(config: Config | Program, backend: Backend, body: str) -> str:
     c = backend.comment
     return (f"{c} {HEADER_MARK} from config '{config.name}' ({backend.name} backend). "
             "DO NOT EDIT: regenerate with `curvgap generate`.\n"
@@ -103,12 +112,12 @@ def render(der: Derivation, backend: Backend) -> str:
     return _header(der.config, backend, body) + body
 
 
-def relative_path(config: Config, backend: Backend) -> str:
+def relative_path(config: Config | Program, backend: Backend) -> str:
     """Where ``config``'s file of ``backend`` lives in an output folder."""
     return f"{backend.name}/{config.name}{backend.suffix}"
 
 
-def render_all(configs: list[Config], report: Callable[[str], None] = print,
+def render_all(configs: list[Config | Program], report: Callable[[str], None] = print,
                backends: tuple[Backend, ...] = BACKENDS) -> list[Rendered]:
     """Derive and render every config for every backend (or those of ``backends``), in
     memory."""
@@ -127,7 +136,7 @@ def render_all(configs: list[Config], report: Callable[[str], None] = print,
     return out
 
 
-def recorded_state(path: Path, config: Config, backend: Backend) -> str:
+def recorded_state(path: Path, config: Config | Program, backend: Backend) -> str:
     """``"current"``, ``"missing"`` (or not a file), ``"stale"`` (generated from other
     sources) or ``"hand-edited"`` (its body does not match its own recorded hash), read from
     the file's header alone, nothing derived. Generation is deterministic, so a file whose

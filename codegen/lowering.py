@@ -1,15 +1,16 @@
 """Lowering: groups of index-form assignments to backend-neutral statements.
 
 Each term of an assignment becomes one einsum. With more than two operands the contraction
-order is computed by opt_einsum (at the nominal sizes ``NOMINAL``, the benchmark's headline
-size) and emitted as a chain of pairwise einsums, so the generated code needs no optimiser
-of its own. Deltas left between free indices select a diagonal of the output (an index
-broadcast), and free indices that a term does not carry are broadcast; neither builds an
-identity matrix. Elementwise functions are evaluated once per function and shared, and so is
-every pairwise product: the contraction order counts a product the function already has as
-free. A node is made by its first full product (or as one sum of arrays) and then
-accumulated into, and is laid out row-major. After lowering, terms that share an operand are
-combined (distributivity) and temporaries are freed after their last use.
+order is computed by opt_einsum (at the nominal sizes: a program's own, a config's
+``NOMINAL``, the benchmark's headline size) and emitted as a chain of pairwise einsums, so
+the generated code needs no optimiser of its own. Deltas left between free indices select a
+diagonal of the output (an index broadcast), and free indices that a term does not carry are
+broadcast; neither builds an identity matrix. Elementwise functions are evaluated once per
+function and shared, and so is every pairwise product: the contraction order counts a
+product the function already has as free. A node is made by its first full product (or as
+one sum of arrays) and then accumulated into, and is laid out row-major. After lowering,
+terms that share an operand are combined (distributivity) and temporaries are freed after
+their last use.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..derivations import sizes
 from ..derivations.graph import Assign, Graph
 from ..derivations.indexform import Apply, Index, Ref, Term
 from ..derivations.model import Derivation
+from ..derivations.program import Program
 from . import ir
 
 B = sizes.B
@@ -67,9 +69,10 @@ def live_assigns(der: Derivation) -> list[Assign]:
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph, function: Function,
-                 applied_nodes: dict[tuple, str]) -> None:
+    def __init__(self, graph: Graph, function: Function, applied_nodes: dict[tuple, str],
+                 nominal: dict[sp.Symbol, int]) -> None:
         self.graph = graph
+        self.nominal = nominal
         self.applied_nodes = applied_nodes
         self.function = function
         self.temps: dict[tuple, str] = {}
@@ -231,7 +234,7 @@ class _Lowerer:
         pending = list(operands)
         sizes = {}
         for name, spec in operands:
-            sizes.update(zip(spec, (NOMINAL.get(d, 16) for d in self._dims_of(name, spec))))
+            sizes.update(zip(spec, (self.nominal.get(d, 16) for d in self._dims_of(name, spec))))
         while True:
             step, reuse = self._next_step(pending, out, sizes)
             chosen = [pending[k] for k in step]
@@ -408,10 +411,10 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
     return out
 
 
-def make_arrays_from_products(statements: list) -> list:
+def make_arrays_from_products(statements: list, keep: set[str]) -> list:
     """A node's zeros followed by a first accumulation of a full product (a fresh array
-    that nothing else reads) become that product, scaled in place: no zeros to add to,
-    and no second array of the node's size."""
+    that nothing else reads, not a node of ``keep``) become that product, scaled in place:
+    no zeros to add to, and no second array of the node's size."""
     contracts = {s.result: position for position, s in enumerate(statements)
                  if isinstance(s, ir.Contract)}
     uses: dict[str, int] = {}
@@ -428,7 +431,8 @@ def make_arrays_from_products(statements: list) -> list:
             continue
         start = zeros.pop(statement.target)
         source = contracts.get(statement.value)
-        if source is None or statement.tie or statement.broadcast or uses[statement.value] > 1:
+        if (source is None or statement.tie or statement.broadcast or uses[statement.value] > 1
+                or statement.value in keep):
             continue
         contract = statements[source]
         if (len(contract.operands) != 2
@@ -467,8 +471,18 @@ def free_temporaries(statements: list, keep: set[str]) -> list:
     return out
 
 
+def nominal_sizes(der: Derivation) -> dict[sp.Symbol, int]:
+    """The sizes contraction orders are chosen for: a program's own (its sequence length
+    taken as 128), or a config's :data:`NOMINAL`."""
+    if not isinstance(der.config, Program):
+        return NOMINAL
+    return {B: 8, **{symbol: dict(der.config.sizes)[name] or 128
+                     for name, symbol in der.config.dims().items()}}
+
+
 def lower(der: Derivation) -> list[Function]:
     """One :class:`Function` per group, in dependency order."""
+    nominal = nominal_sizes(der)
     live = live_assigns(der)
     applied_nodes = {}
     for assign in live:
@@ -481,7 +495,7 @@ def lower(der: Derivation) -> list[Function]:
     functions = []
     for name, group in der.groups.items():
         function = Function(name, group.requires)
-        lowerer = _Lowerer(der.graph, function, applied_nodes)
+        lowerer = _Lowerer(der.graph, function, applied_nodes, nominal)
         assigns = [a for a in live if a.group == name]
         written = [a.target.name for a in assigns]
         guards = {guard.tensor: guard for guard in der.guards}
@@ -490,11 +504,11 @@ def lower(der: Derivation) -> list[Function]:
             if assign.target.name in guards:  # a statement of its own, after its node
                 function.statements.append(guards[assign.target.name])
         statements = make_arrays_from_products(
-            factor_shared_operands(function.statements, lowerer.temp))
+            factor_shared_operands(function.statements, lowerer.temp), set(written))
         function.statements = free_temporaries(
             lay_out_nodes_row_major(statements, set(written)), set(written))
         function.reads = [n for n in lowerer.used if n not in written]
         function.writes = written
-        function.dims = sorted(str(s) for s in lowerer.dims if s in NOMINAL)
+        function.dims = sorted(str(s) for s in lowerer.dims if s in nominal)
         functions.append(function)
     return functions

@@ -10,6 +10,7 @@ from typing import Any
 from ..derivations.config import Config
 from ..derivations.description import describe
 from ..derivations.model import Derivation
+from ..derivations.program import Program
 from .lowering import lower
 
 #: The codegen files every module backend's output depends on (its source hash).
@@ -67,10 +68,14 @@ def summary(der: Derivation, group: str, writes: list[str]) -> str:
     return f"{text[0].upper()}{text[1:]}: stores {shown}{more}."
 
 
-def constant_dims(config: Config) -> dict[str, int]:
+def constant_dims(source: Config | Program) -> dict[str, int]:
     """The sizes the config fixes: heads ``h``, and with grouped-query attention the
     key/value heads ``g`` and the query heads ``r`` that share each; ``n_2 = 2`` for the
-    halves a rotary pair spans; ``n_1 = 1`` for the one row a pooling keeps."""
+    halves a rotary pair spans; ``n_1 = 1`` for the one row a pooling keeps. A program fixes
+    every size but those of ``X`` (and ``1``, the size of a dimension of one)."""
+    if isinstance(source, Program):
+        return {**source.constant_dims(), "1": 1}
+    config = source
     dims = {"h": config.heads} if config.heads > 1 else {}
     if config.kv_heads:
         dims.update(g=config.kv_heads, r=config.heads // config.kv_heads)
@@ -89,19 +94,28 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
     for function in functions:
         function.lines = [printer.statement(s) for s in function.statements]
     title, description = describe(der.config)
+    external = der.external_shapes
+
+    def shape(tensor) -> list[str]:
+        """The shape callers pass (dimension names)."""
+        return list(external.get(tensor.name, [str(s) for s in tensor.shape]))
+
+    output_shape = list(external.get("Z", [str(s) for s in der.output.shape]))
+    constants = [t for t in der.graph.tensors.values() if t.role == "constant"
+                 and not any(a.target is t for a in der.graph.assigns)]
     return dict(
         title=title, description=description, config_name=der.config.name,
         summaries={f.group: summary(der, f.group, f.writes) for f in functions},
         backend=backend.name, loss=der.config.loss,
-        params=[(p.name, list(der.external_shapes.get(p.name, [str(s) for s in p.shape])))
-                for p in der.params],
-        engine_shapes={p.name: [str(s) for s in p.shape] for p in der.params
-                       if p.name in der.external_shapes},
+        params=[(p.name, shape(p)) for p in der.params],
+        constants=[(c.name, shape(c)) for c in constants],
+        batched_constants=[c.name for c in constants if c.batched],
+        engine_shapes={name: [str(s) for s in der.graph.tensors[
+            "T" if name == "Z" else name].shape] for name in external},
         constant_dims=constant_dims(der.config),
-        input_shape=[str(s) for s in der.X.shape],
-        output_shape=[str(s) for s in der.output.shape],
-        target_shape=[str(s) for s in der.target.shape[:-1 if der.config.loss ==
-                                                             "cross_entropy" else None]],
+        input_shape=shape(der.X),
+        output_shape=output_shape,
+        target_shape=output_shape[:-1] if der.config.loss == "cross_entropy" else output_shape,
         variables=[v.name for v in der.variables],
         jacobian=der.nodes("jacobian"), output_hessian=der.nodes("output_hessian"),
         loss_hessian=der.nodes("loss_hessian", ("gauss_newton", "functional")),

@@ -1,14 +1,18 @@
-"""A config's architecture in words and equations (the docstring of its generated modules and
-the opening of its document), from each sublayer's own line."""
+"""A config's (or a program's) architecture in words and equations (the docstring of its
+generated modules and the opening of its document), from each sublayer's own line."""
 
 from __future__ import annotations
 
-from . import attention, embedding, ffn, head, normalization
+from . import attention, embedding, ffn, head, normalization, program
 from .config import Config
+from .program import Program
 
 
-def describe(config: Config) -> tuple[str, str]:
-    """A title and the architecture as equations, from the config (for docstrings)."""
+def describe(config: Config | Program) -> tuple[str, str]:
+    """A title and the architecture as equations, from the config or the program read from a
+    module (for docstrings)."""
+    if isinstance(config, Program):
+        return program.describe(config)
     loss = f"loss: {config.loss} per sample, averaged over the batch"
     if config.kind == "layernorm":
         title = f"{normalization.title(config)} of each row of X"

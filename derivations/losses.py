@@ -1,4 +1,4 @@
-"""Per-sample losses of the output ``Z`` (``L×d``) as index-form nodes.
+"""Per-sample losses of the output ``Z`` (``L×d``, or any shape) as index-form nodes.
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
 Cross-entropy: the rows of ``Z`` are logits over its last axis and ``T`` is the one-hot
@@ -74,23 +74,26 @@ def residual_loss(name: str) -> sp.Expr:
 
 
 def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
-    """The nodes of ``loss`` on ``Z`` and ``target``, ending in the per-sample ``ell``."""
-    rows, width = Z.shape
-    i, j = g.index(rows, "i"), g.index(width, "j")
+    """The nodes of ``loss`` on ``Z`` (rows over every axis but the last, which holds the
+    classes of a cross-entropy) and ``target``, ending in the per-sample ``ell``."""
+    idx = tuple(g.index(dim, "i" if n < len(Z.shape) - 1 else "j")
+                for n, dim in enumerate(Z.shape))
+    rows = idx[:-1]
+    count = sp.Mul(*Z.shape)
     if loss == "mse":
-        D = g.node("D", (i, j), Z[i, j] - target[i, j])
-        return g.node("ell", (), (1 / (rows * width)) * D[i, j] * D[i, j])
+        D = g.node("D", idx, Z[idx] - target[idx])
+        return g.node("ell", (), (1 / count) * D[idx] * D[idx])
     if loss == "cross_entropy":
         # margins to the target's logit, R = (1 − T) ∘ (Z − ⟨T, Z⟩), so ℓ = lse(R): the
         # target's entry of every derivative is then a sum of the other classes' (exact when
         # the softmax saturates), never p_t − 1 with p_t rounded to 1
-        Zt = g.node("ce_Zt", (i,), target[i, j] * Z[i, j])
-        D = g.node("ce_D", (i, j), Z[i, j] - Zt[i])
-        R = g.node("ce_R", (i, j), D[i, j] - target[i, j] * D[i, j])
+        Zt = g.node("ce_Zt", rows, target[idx] * Z[idx])
+        D = g.node("ce_D", idx, Z[idx] - Zt[rows])
+        R = g.node("ce_R", idx, D[idx] - target[idx] * D[idx])
         lse = log_sum_exp_rows(g, R, prefix="ce_")
-        return g.node("ell", (), (1 / rows) * lse[i])
+        return g.node("ell", (), (1 / sp.Mul(*Z.shape[:-1])) * lse[rows])
     if loss == "linear":
-        return g.node("ell", (), target[i, j] * Z[i, j])
-    D = g.node("D", (i, j), Z[i, j] - target[i, j])
+        return g.node("ell", (), target[idx] * Z[idx])
+    D = g.node("D", idx, Z[idx] - target[idx])
     f = ScalarFn(loss, _RESIDUAL[loss].subs(r, x))
-    return g.node("ell", (), (1 / (rows * width)) * D.apply(f, i, j))
+    return g.node("ell", (), (1 / count) * D.apply(f, *idx))

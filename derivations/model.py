@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from . import attention, calculus, embedding, ffn, head, kronecker, losses, normalization, sizes
+from . import program as programs
 from .config import Config
 from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index, Term
+from .program import Program
 
 Directions = tuple[tuple[Index, ...], tuple[Index, ...]]
 
@@ -80,10 +82,11 @@ class Quantity:
 
 @dataclass
 class Derivation:
-    """A config's network, its loss, and every derived quantity: ``groups`` (the generated
-    functions, in order) and ``quantities`` (which output node holds each contract array)."""
+    """A config's (or a program's) network, its loss, and every derived quantity: ``groups``
+    (the generated functions, in order) and ``quantities`` (which output node holds each
+    contract array)."""
 
-    config: Config
+    config: Config | Program
     graph: Graph
     X: Tensor
     target: Tensor
@@ -212,12 +215,17 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
     return output, params, ln1.guards + ln2.guards
 
 
-def derive(config: Config) -> Derivation:
-    """Every group of assignments that the generated modules of ``config`` need."""
+def derive(config: Config | Program) -> Derivation:
+    """Every group of assignments that the generated modules of ``config`` (or of a program
+    read from a module) need."""
     g = Graph()
     external: dict[str, tuple[str, ...]] = {}
     with g.group("forward"):
-        X, Z, params, guards = build_network(g, config, external)
+        if isinstance(config, Program):
+            X, Z, params, guards = programs.build(g, config)
+            external.update(programs.external_shapes(config))
+        else:
+            X, Z, params, guards = build_network(g, config, external)
     target = g.input("T", Z.shape, role="target")
     with g.group("loss"), g.sublayer("Loss"):
         ell = losses.build(g, config.loss, Z, target)

@@ -42,6 +42,7 @@ import torch
 from ..codegen.cache import module_for
 from ..data import over_batches
 from ..derivations.config import Config
+from ..derivations.program import Program
 
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
@@ -56,7 +57,8 @@ class Chain:
     ``gradient``, ``loss_hessian``, ``diagonal``, ``hvp`` and ``gnvp`` also take, in place of
     ``X, target``, a dataset's batches: the mean over its samples (:mod:`curvgap.data`)."""
 
-    def __init__(self, parts: list[tuple[str, Config]], backend: str = "torch") -> None:
+    def __init__(self, parts: list[tuple[str, Config | Program]],
+                 backend: str = "torch") -> None:
         if not parts:
             raise ValueError("parts: expected at least one (prefix, config), got none")
         if backend not in ("torch", "numpy"):
@@ -69,12 +71,19 @@ class Chain:
             module_for(dataclasses.replace(config, loss="linear"), backend)
             for _, config in parts[:-1]] + [module_for(parts[-1][1], backend)]
         self.part_params = [[name for name, _ in module.PARAMS] for module in self.modules]
+        # inputs computed for each call (a program's masks and tables), passed beside the
+        # parameters as "<prefix>.<name>"
+        self.part_constants = [[name for name, _ in getattr(module, "CONSTANTS", ())]
+                               for module in self.modules]
         empty = [prefix for prefix, names in zip(self.prefixes, self.part_params) if not names]
         if empty:
             raise ValueError(f"parts: expected parts with parameters, got none in {empty}")
         self.PARAMS = [f"{prefix}.{name}" for prefix, names in zip(self.prefixes,
                                                                     self.part_params)
                        for name in names]
+        self.CONSTANTS = [f"{prefix}.{name}" for prefix, names in zip(self.prefixes,
+                                                                       self.part_constants)
+                          for name in names]
         self.depth = len(parts)
 
     def parameter_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -97,13 +106,15 @@ class Chain:
         return shapes
 
     def _layers(self, params: dict[str, Array]) -> list[dict[str, Array]]:
-        missing = [name for name in self.PARAMS if name not in params]
-        unknown = sorted(set(params) - set(self.PARAMS))
+        expected = self.PARAMS + self.CONSTANTS
+        missing = [name for name in expected if name not in params]
+        unknown = sorted(set(params) - set(expected))
         if missing or unknown:
-            raise ValueError(f"params: expected exactly the keys {self.PARAMS}, got unknown "
+            raise ValueError(f"params: expected exactly the keys {expected}, got unknown "
                              f"{unknown} and missing {missing}")
-        return [{name: params[f"{prefix}.{name}"] for name in names}
-                for prefix, names in zip(self.prefixes, self.part_params)]
+        return [{name: params[f"{prefix}.{name}"] for name in [*names, *constants]}
+                for prefix, names, constants in zip(self.prefixes, self.part_params,
+                                                    self.part_constants)]
 
     def _inputs(self, layers: list[dict], X: Array) -> list[Array]:
         """``Z_0 = X, Z_1, …, Z_{N-1}``: the input of each part."""

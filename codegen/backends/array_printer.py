@@ -15,9 +15,6 @@ from sympy.printing.pycode import PythonCodePrinter
 from ...derivations.functions import PRINTABLE
 from .. import calls, ir
 
-#: Size symbols: scalars at run time (Python ints), printed with ``**``.
-SIZES = {"B", "L", "d", "d_k", "d_ff", "h", "d_v", "g", "r", "d_r", "n_2", "p", "c", "n_1"}
-
 
 class ArrayPrinter(PythonCodePrinter):
     """What numpy and torch code share; subclasses name the array module and spell its
@@ -43,7 +40,7 @@ class ArrayPrinter(PythonCodePrinter):
         return self._call("abs", expr)
 
     def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
-        if all(str(s) in SIZES for s in expr.free_symbols):  # a coefficient in the sizes
+        if all(s.is_integer for s in expr.free_symbols):  # a coefficient in the sizes (ints)
             return f"{self.parenthesize(expr.base, 100)}**({self._print(expr.exp)})"
         return self._hprint_Pow(expr, rational=rational, sqrt=f"{self.module}.sqrt")
 

@@ -1,0 +1,1347 @@
+"""Reading a traced module: its ATen operations lowered into a
+:class:`~curvgap.derivations.program.Program`, one ``_read_<operation>`` method per operation.
+
+The graph comes from ``torch.export`` (:mod:`.trace`). Every node that depends on the input
+``X`` or on a parameter is *differentiable* and becomes program operations: linear maps,
+products, sums, reductions and reshapes become einsums over split axes (:mod:`.axes`),
+elementwise chains are fused into one SymPy function of one tensor (an activation, a shifted
+reciprocal square root), ``softmax`` is the engine's primitive, and ``layer_norm`` and
+``scaled_dot_product_attention`` are written out in those terms. Every other node (masks,
+position ids, rotary tables, shapes) is a *constant*: computed by the module's own code at
+call time (:mod:`.trace`), passed to the generated code as an input. Anything else is refused
+with the operation, the submodule's path and what is missing.
+
+The reading runs twice (or until nothing changes): a reshape met late may split an axis met
+early, and the second pass reads every tensor with its final factors.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sympy as sp
+import torch
+
+from ..derivations.functions import sigmoid, softplus, x
+from ..derivations.program import Input, Op, Operand, Program, Term
+from .axes import Axis, Changes, ShapeError, Size, align, extent_of, regroup
+from .layers import UnsupportedLayer
+
+aten = torch.ops.aten
+
+
+class UnsupportedOperation(UnsupportedLayer):
+    """A traced operation curvgap does not represent (nothing is approximated)."""
+
+
+@dataclass
+class Value:
+    """A traced tensor as the program holds it: its dimensions (each a list of axes, ``[]``
+    for a dimension of size one), and the program tensor ``tensor`` (axes ``axes``) of which it
+    is the elementwise function ``expr`` (of :data:`x`). Axes of ``dims`` that ``tensor`` lacks
+    are broadcast. A constant (``constant`` set: computed at call time) has no tensor until a
+    differentiable operation reads it."""
+
+    dims: list[list[Axis]]
+    tensor: str | None = None
+    axes: list[Axis] = field(default_factory=list)
+    expr: sp.Expr = x
+    constant: str | None = None  # the name of the graph node that computes it
+    transform: str = "same"  # how a constant's value is made a float tensor
+    origin: tuple[str, str] = ("", "")  # the node and operation that made ``expr``
+
+
+@dataclass
+class Constant:
+    """A program constant and how to make it at call time: the graph node ``node`` (or, with
+    ``kind`` other than ``node``, a table of its own: ``select``, ``causal``), ``transform``
+    (``same``, ``additive``: a boolean mask as 0 / -inf, ``float``, ``one_hot``), and the
+    dimension that holds the batch (``None``: shared by every sample)."""
+
+    name: str
+    kind: str
+    node: str = ""
+    transform: str = "same"
+    batch_dim: int | None = None
+    details: tuple = ()
+
+
+@dataclass
+class Reading:
+    """What a reading gives: the program, its constants' recipes, and which parameter of the
+    module each program parameter is (by the module's name)."""
+
+    program: Program
+    constants: list[Constant]
+    params: dict[str, str]  # program name -> module parameter name
+    #: the sizes bound at call time, by name: the symbols of the trace they stand for
+    symbols: dict[str, sp.Expr] = field(default_factory=dict)
+
+
+def _identifier(name: str) -> str:
+    """``name`` as a Python identifier (dots and other characters as underscores)."""
+    out = re.sub(r"\W", "_", name)
+    return out if not out[:1].isdigit() else f"_{out}"
+
+
+def _number(value: float | int | bool) -> sp.Expr:
+    """A Python number as an exact SymPy number (short fraction when one rounds to it)."""
+    if isinstance(value, bool | int):
+        return sp.Integer(int(value))
+    if not math.isfinite(value):
+        raise ValueError("not finite")
+    short = sp.nsimplify(value, rational=True)
+    return short if float(short) == value else sp.Rational(value)
+
+
+def _path(node: torch.fx.Node) -> str:
+    """The submodule a node comes from, as a dotted path (``layers.3.mlp.act_fn``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return "" if path.startswith("_empty") else path
+
+
+def differentiable(graph: torch.fx.Graph, sources: set[str]) -> set[str]:
+    """The nodes of ``graph`` that depend on the placeholders ``sources`` (``X``, the
+    parameters) and hold floating-point values: what carries a derivative."""
+    out: set[str] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if node.name in sources:
+                out.add(node.name)
+        elif node.op == "call_function" and _floating(node.meta.get("val")) and any(
+                arg.name in out for arg in node.all_input_nodes):
+            out.add(node.name)
+    return out
+
+
+def _floating(value: object) -> bool:
+    """Whether a node's value is a floating-point tensor (or a tuple of them): what can carry
+    a derivative."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point()
+    if isinstance(value, tuple | list):
+        return any(_floating(v) for v in value)
+    return False
+
+
+
+def _symbol(size: Size) -> sp.Symbol:
+    """A stand-in for the size symbol of ``size``'s class (named when the reading ends)."""
+    return sp.Symbol(f"_size{size.root().order}", positive=True, integer=True)
+
+
+def _canonical_names(names: list[str], taken: set[str]) -> dict[str, str]:
+    """Each of ``names`` (in order) without the graph's numbering (``linear_7`` → ``linear``),
+    numbered again in order of appearance (``taken`` names excluded): equal operations of
+    equal blocks get equal names."""
+    out, taken = {}, set(taken)
+    for name in names:
+        stem = re.sub(r"_\d+(?=_|$)", "", name) or name
+        new, k = stem, 1
+        while new in taken:
+            k += 1
+            new = f"{stem}_{k}"
+        taken.add(new)
+        out[name] = new
+    return out
+
+
+def _extent(value: object) -> int | sp.Expr:
+    """A dimension's extent: an int, or the SymPy expression of a symbolic size."""
+    if isinstance(value, torch.SymInt):
+        return extent_of(value.node.expr)
+    return int(value)
+
+
+#: The readers of single operations, by ATen overload (filled by :func:`reads`).
+READERS: dict[object, Callable] = {}
+
+
+def reads(*targets: object) -> Callable:
+    """Register the decorated method as the reader of ``targets``."""
+    def register(method: Callable) -> Callable:
+        for target in targets:
+            READERS[target] = method
+        return method
+    return register
+
+
+@dataclass
+class Source:
+    """A graph to read: its placeholders that are parameters (name → the parameter's name in
+    the module, relative to ``root``), the placeholder of ``X``, and the node of the main
+    output; every other placeholder is a constant."""
+
+    graph: torch.fx.Graph
+    params: dict[str, str]
+    X: str
+    output: torch.fx.Node
+    root: str = ""
+
+
+class Reader:
+    """Lowers one graph into a :class:`Program` (see the module docstring)."""
+
+    def __init__(self, source: Source, title: str, loss: str) -> None:
+        self.source = source
+        self.graph = source.graph
+        self.title, self.loss, self.root = title, loss, source.root
+        self.param_of = dict(source.params)
+        self._sizes: dict[tuple, Size] = {}
+        self.batch: Size | None = None
+        self.hints: dict[Size, str] = {}
+
+    # -- passes ------------------------------------------------------------------------------
+    def read(self) -> Reading:
+        """The program of the graph (see the module docstring)."""
+        for _ in range(5):
+            before = Changes.count
+            reading = self._pass()
+            if Changes.count == before:
+                return reading
+        raise UnsupportedOperation("the module: its reshapes did not settle into common "
+                                   "factors")
+
+    def _pass(self) -> Reading:
+        self.values: dict[str, object] = {}
+        self.ops: list[dict] = []
+        self.inputs: dict[str, tuple[str, Value]] = {}
+        self._tensor_axes: dict[str, list[Axis]] = {}
+        self.constants: dict[str, Constant] = {}
+        self.declared: dict[tuple, Value] = {}
+        self.mapped: dict[tuple, tuple] = {}
+        self.names: set[str] = {"X"}
+        self.params: dict[str, str] = {}
+        self.labels = 0
+        self.guards: list[tuple[str, str, str]] = []
+        self.node: torch.fx.Node | None = None
+        self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of})
+        output = None
+        for node in self.graph.nodes:
+            self.node = node
+            try:
+                if node.op == "placeholder":
+                    self.values[node.name] = self._placeholder(node)
+                elif node.op == "output":
+                    output = self._output(node)
+                elif node.name not in self.differentiable:
+                    self.values[node.name] = self._constant(node)
+                else:
+                    self.values[node.name] = self._operation(node)
+            except ShapeError as error:
+                raise self.refuse(f"shapes it can split into common factors ({error})") \
+                    from None
+        self.node = None
+        return self._finish(output)
+
+    # -- sizes, axes, values -----------------------------------------------------------------
+    def size(self, key: tuple, extent: int | sp.Expr) -> Size:
+        """The size class of ``key`` (the same object in every pass); every dimension of one
+        symbolic extent shares one class."""
+        extent = extent_of(extent)
+        if not isinstance(extent, int):
+            key = ("symbol", extent)
+        if key not in self._sizes:
+            self._sizes[key] = Size(extent)
+        return self._sizes[key]
+
+    def fresh(self, shape: tuple, key: str) -> list[list[Axis]]:
+        """Axes for a tensor of ``shape`` met first at ``key`` (a dimension of one has none)."""
+        dims = []
+        for k, extent in enumerate(shape):
+            extent = _extent(extent)
+            dims.append([] if extent == 1 else [Axis(self.size((key, k), extent))])
+        return dims
+
+    def is_batch(self, axis: Axis) -> bool:
+        return self.batch is not None and axis.size.root() is self.batch.root()
+
+    @staticmethod
+    def leaf_dims(value: Value) -> list[list[Axis]]:
+        return [[leaf for axis in dim for leaf in axis.leaves()] for dim in value.dims]
+
+    def axes_of(self, tensor: str) -> list[Axis]:
+        """The axes of the program tensor ``tensor`` (the batch left out), as leaves."""
+        return [leaf for axis in self._tensor_axes[tensor] for leaf in axis.leaves()
+                if not self.is_batch(leaf)]
+
+    def leaf_axes(self, value: Value) -> list[Axis]:
+        """The axes of ``value``'s program tensor (the batch left out), as leaves."""
+        return [leaf for axis in value.axes for leaf in axis.leaves() if not self.is_batch(leaf)]
+
+    def label(self) -> str:
+        self.labels += 1
+        return f"i{self.labels}"
+
+    def value(self, arg: object) -> Value:
+        """The value of a graph argument (a node)."""
+        if isinstance(arg, torch.fx.Node):
+            value = self.values[arg.name]
+            if isinstance(value, Value):
+                return value
+        raise self.refuse(f"a tensor argument, got {arg!r}")
+
+    def name(self, hint: str) -> str:
+        """A fresh program tensor name from ``hint``."""
+        base = _identifier(hint)
+        name, k = base, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
+    def shape_of(self, node: torch.fx.Node) -> list[int | sp.Expr]:
+        meta = node.meta.get("val")
+        if not isinstance(meta, torch.Tensor):
+            raise self.refuse(f"a tensor result, got {meta!r}")
+        return [_extent(e) for e in meta.shape]
+
+    # -- errors --------------------------------------------------------------------------------
+    def refuse(self, missing: str) -> UnsupportedOperation:
+        """The error for the current node: its operation, its submodule, what is missing."""
+        node = self.node
+        where = (_path(node) if node is not None else "") or self.root
+        if node is None:
+            return UnsupportedOperation(f"{where or 'the module'}: curvgap needs {missing}")
+        target = node.target
+        name = (getattr(target, "__name__", None) or str(target)).removesuffix(".default")
+        name = re.sub(r"^aten\.", "", str(getattr(target, "_overloadpacket", name)))
+        return UnsupportedOperation(f"{where or 'the module'}: operation {name} "
+                                    f"(node {node.name}): curvgap needs {missing}")
+
+    # -- placeholders, constants, output ---------------------------------------------------------
+    def _placeholder(self, node: torch.fx.Node) -> object:
+        meta = node.meta.get("val")
+        if node.name in self.param_of:
+            source = self.param_of[node.name]
+            name = self.name(source)
+            dims = self.fresh(tuple(meta.shape), node.name)
+            value = Value(dims, name, [a for dim in dims for a in dim])
+            self.inputs[name] = ("param", value)
+            self._tensor_axes[name] = value.axes
+            self.params[name] = source
+            return value
+        if node.name == self.source.X:
+            if not isinstance(meta, torch.Tensor) or not meta.is_floating_point():
+                raise UnsupportedOperation(f"X: expected a floating-point tensor as the "
+                                           f"module's first input, got {meta!r}")
+            dims = self.fresh(tuple(meta.shape), node.name)
+            if len(dims) < 2 or not dims[0]:
+                raise UnsupportedOperation(f"X: expected a batch (B, ...) of at least two "
+                                           f"samples to read the module with, got shape "
+                                           f"{tuple(meta.shape)}")
+            self.batch = dims[0][0].size
+            value = Value(dims, "X", [a for dim in dims for a in dim])
+            self.inputs["X"] = ("input", value)
+            self._tensor_axes["X"] = value.axes
+            return value
+        return self._constant(node)
+
+    def _constant(self, node: torch.fx.Node) -> object:
+        meta = node.meta.get("val")
+        if isinstance(meta, torch.Tensor):
+            return Value(self.fresh(tuple(meta.shape), node.name), constant=node.name)
+        return meta
+
+    def _output(self, node: torch.fx.Node) -> Value:
+        main = self.source.output
+        if main.name not in self.differentiable:
+            raise UnsupportedOperation(f"{self.root or 'the module'}: expected its first "
+                                       "output to be a tensor that depends on X or on the "
+                                       "parameters")
+        return self.value(main)
+
+    def declare(self, value: Value) -> Value:
+        """A constant ``value`` as a program input (its own dimension order; the batch, if it
+        has one, passed first)."""
+        key = (value.constant, value.transform)
+        if key not in self.declared:
+            leaves = self.leaf_dims(value)
+            batch = [k for k, dim in enumerate(leaves) if any(self.is_batch(a) for a in dim)]
+            if len(batch) > 1 or (batch and len(leaves[batch[0]]) > 1):
+                raise self.refuse("a constant whose batch is a dimension of its own")
+            name = self.name(f"c_{value.constant}")
+            declared = Value(value.dims, name, [a for dim in value.dims for a in dim])
+            self.inputs[name] = ("constant", declared)
+            self._tensor_axes[name] = declared.axes
+            self.constants[name] = Constant(name, "node", value.constant, value.transform,
+                                            batch[0] if batch else None)
+            self.declared[key] = declared
+        declared = self.declared[key]
+        return Value(value.dims, declared.tensor, declared.axes)
+
+    def table(self, kind: str, dims: list[list[Axis]], details: tuple) -> Value:
+        """A constant table of the program's own (a selection, a causal mask), made at call
+        time from ``details`` and the extents of ``dims``."""
+        key = (kind, details, tuple(tuple(a.size.root().order for a in dim) for dim in dims))
+        if key not in self.declared:
+            name = self.name(f"c_{kind}")
+            value = Value(dims, name, [a for dim in dims for a in dim])
+            self.inputs[name] = ("constant", value)
+            self._tensor_axes[name] = value.axes
+            extents = tuple(tuple(a.size.root() for a in dim) for dim in dims)
+            self.constants[name] = Constant(name, kind, details=(details, extents))
+            self.declared[key] = value
+        declared = self.declared[key]
+        return Value(dims, declared.tensor, declared.axes)
+
+    # -- emitting --------------------------------------------------------------------------------
+    def held(self, value: Value) -> Value:
+        """``value`` with a program tensor holding it: a constant declared, an elementwise
+        function computed (a ``map``)."""
+        if value.tensor is None:
+            value = self.declare(Value(value.dims, constant=value.constant,
+                                       transform=value.transform))
+        if value.expr == x:
+            return value
+        key = (value.tensor, sp.srepr(value.expr))
+        if key not in self.mapped:
+            source = self.axes_of(value.tensor)
+            labels = [self.label() for _ in source]
+            node, what = value.origin
+            name = self.name(node or (self.node.name if self.node is not None else "f"))
+            axes = [Axis(a.size.root()) for a in source]
+            self.ops.append(dict(kind="map", out=name, labels=labels,
+                                 axes=list(zip(labels, [a.size.root() for a in source])),
+                                 fn=value.expr, source=(value.tensor, labels),
+                                 what=what or self.what(), path=self.where()))
+            self._tensor_axes[name] = axes
+            self.mapped[key] = (name, source, axes)
+        name, source, axes = self.mapped[key]
+        mapping = {id(s): a for s, a in zip(source, axes)}
+        dims = [[mapping.get(id(leaf), leaf) for leaf in dim] for dim in self.leaf_dims(value)]
+        batch = [leaf for axis in value.axes for leaf in axis.leaves() if self.is_batch(leaf)]
+        return Value(dims, name, batch + axes)
+
+    def where(self) -> str:
+        """The submodule the current operation comes from, relative to the part read (a
+        dotted path: equal for the same operation in every block)."""
+        path = _path(self.node) if self.node is not None else ""
+        if self.root and (path == self.root or path.startswith(self.root + ".")):
+            path = path[len(self.root):].lstrip(".")
+        return path
+
+    def what(self) -> str:
+        """A short name of the current operation (for documents and generated names)."""
+        target = self.node.target if self.node is not None else ""
+        name = str(getattr(target, "_overloadpacket", getattr(target, "__name__", target)))
+        return _identifier(name.removeprefix("aten."))
+
+    def operand(self, value: Value, dim_labels: list[list[str | None]]) -> tuple:
+        """``(tensor, labels)``: ``value``'s program tensor read with one label per leaf of each
+        of its dimensions (``None`` for the batch)."""
+        value = self.held(value)
+        by_axis: dict[int, str | None] = {}
+        for dim, labels in zip(self.leaf_dims(value), dim_labels):
+            if len(dim) != len(labels):
+                raise ShapeError("a dimension read with the wrong number of factors")
+            for axis, label in zip(dim, labels):
+                by_axis[id(axis)] = label
+        labels = []
+        for axis in self.leaf_axes(value):
+            label = by_axis.get(id(axis))
+            if label is None:
+                raise self.refuse("every axis of a tensor read (an axis summed over the batch, "
+                                  "or one that a reshape mixed with the batch)")
+            labels.append(label)
+        return (value.tensor, labels)
+
+    def emit(self, out_dims: list[list[Size]], labels: list[list[str | None]],
+             terms: list[tuple[sp.Expr, list[tuple]]], hint: str = "") -> Value:
+        """A new tensor ``Σ coeff Π operands`` with dimensions of the classes ``out_dims``,
+        written at ``labels`` (``None`` for the batch, which no tensor stores)."""
+        name = self.name(hint or self.node.name)
+        dims = [[Axis(size.root()) for size in dim] for dim in out_dims]
+        out_labels, axes_of = [], {}
+        for dim, dim_labels in zip(dims, labels):
+            for axis, label in zip(dim, dim_labels):
+                if label is not None:
+                    out_labels.append(label)
+                    axes_of[label] = axis.size.root()
+        for _, operands in terms:
+            for tensor, operand_labels in operands:
+                for label, axis in zip(operand_labels, self.axes_of(tensor)):
+                    if label in axes_of:  # one label, one size: align what meets there
+                        align([axes_of[label]], [axis.size])
+                    axes_of.setdefault(label, axis.size.root())
+        self.ops.append(dict(kind="einsum", out=name, labels=out_labels,
+                             axes=list(axes_of.items()), terms=terms, what=self.what(),
+                             path=self.where()))
+        value = Value(dims, name, [a for dim in dims for a in dim])
+        self._tensor_axes[name] = value.axes
+        return value
+
+    def out_labels(self, sizes: list[list[Size]]) -> list[list[str | None]]:
+        """Fresh labels for dimensions of the classes ``sizes`` (``None`` for the batch)."""
+        return [[None if size.root() is self.batch.root() else self.label() for size in dim]
+                for dim in sizes]
+
+    def broadcast(self, values: list[Value]) -> tuple[list[list[Size]], list[list]]:
+        """Align ``values`` as torch broadcasts them (dimensions from the right): the
+        output's dimensions (classes) and its labels, and each value's labels."""
+        rank = max(len(v.dims) for v in values)
+        offsets = [rank - len(v.dims) for v in values]
+        for position in range(rank):
+            dims = [self.leaf_dims(v)[position - o] for v, o in zip(values, offsets)
+                    if position >= o]
+            full = [d for d in dims if d]
+            for other in full[1:]:
+                align([a.size for a in full[0]], [a.size for a in other])
+        out_sizes, out_labels = [], []
+        per_value: list[list] = [[] for _ in values]
+        for position in range(rank):
+            dims = {n: self.leaf_dims(v)[position - o]
+                    for n, (v, o) in enumerate(zip(values, offsets)) if position >= o}
+            full = next((d for d in dims.values() if d), [])
+            sizes = [a.size.root() for a in full]
+            labels = self.out_labels([sizes])[0]
+            out_sizes.append(sizes)
+            out_labels.append(labels)
+            for n, dim in dims.items():
+                per_value[n].append(labels if dim else [])
+        return out_sizes, [out_labels, *per_value]
+
+    def combine(self, values: list[Value], terms: list[tuple[sp.Expr, list[int]]],
+                hint: str = "") -> Value:
+        """``Σ coeff Π values[k]`` elementwise, broadcast as torch does."""
+        sizes, (labels, *per_value) = self.broadcast(values)
+        return self.emit(sizes, labels, [
+            (coeff, [self.operand(values[k], per_value[k]) for k in members])
+            for coeff, members in terms], hint)
+
+    def scaled(self, value: Value) -> tuple[sp.Expr, Value]:
+        """``(c, v)`` with ``value = c · v``: a scale of a tensor stays a coefficient."""
+        coeff = sp.simplify(value.expr / x)
+        if value.tensor is not None and not coeff.has(x):
+            return coeff, Value(value.dims, value.tensor, value.axes)
+        return sp.Integer(1), value
+
+    # -- one operation ---------------------------------------------------------------------------
+    def _operation(self, node: torch.fx.Node) -> object:
+        target = node.target
+        if target is operator.getitem:
+            return self.values[node.args[0].name][node.args[1]]
+        reader = READERS.get(target)
+        if reader is None:
+            packet = getattr(target, "_overloadpacket", None)
+            reader = READERS.get(packet)
+        if reader is None:
+            raise self.refuse("an operation it can derive (this one is not in its vocabulary: "
+                              "linear maps, products, sums, reshapes, elementwise functions, "
+                              "softmax, layer_norm, rms_norm, scaled_dot_product_attention)")
+        return reader(self, node, *node.args, **node.kwargs)
+
+    # -- reshapes and views (no operation: the same tensor read another way) --------------------
+    @reads(aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+           aten.unflatten.int, aten.flatten.using_ints)
+    def _read_view(self, node, source, *args, **kwargs) -> Value:
+        value = self.value(source)
+        leaves = [leaf for dim in self.leaf_dims(value) for leaf in dim]
+        dims = regroup(leaves, self.shape_of(node))
+        return Value(dims, value.tensor, value.axes, value.expr, value.constant,
+                     value.transform)
+
+    @reads(aten.transpose.int)
+    def _read_transpose(self, node, source, a, b) -> Value:
+        value = self.value(source)
+        dims = list(value.dims)
+        dims[a], dims[b] = dims[b], dims[a]
+        return self._with_dims(value, dims)
+
+    @reads(aten.permute.default)
+    def _read_permute(self, node, source, order) -> Value:
+        value = self.value(source)
+        return self._with_dims(value, [value.dims[k] for k in order])
+
+    @reads(aten.t.default)
+    def _read_t(self, node, source) -> Value:
+        value = self.value(source)
+        return self._with_dims(value, value.dims[::-1])
+
+    @reads(aten.unsqueeze.default)
+    def _read_unsqueeze(self, node, source, dim) -> Value:
+        value = self.value(source)
+        dims = list(value.dims)
+        dims.insert(dim if dim >= 0 else len(dims) + dim + 1, [])
+        return self._with_dims(value, dims)
+
+    @reads(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+    def _read_squeeze(self, node, source, dims=None) -> Value:
+        value = self.value(source)
+        rank = len(value.dims)
+        chosen = range(rank) if dims is None else [dims] if isinstance(dims, int) else dims
+        dropped = {d % rank for d in chosen if not value.dims[d % rank]}
+        return self._with_dims(value, [d for k, d in enumerate(value.dims) if k not in dropped])
+
+    @reads(aten.expand.default)
+    def _read_expand(self, node, source, shape, *args) -> Value:
+        value = self.value(source)
+        out = self.shape_of(node)
+        dims = [[] for _ in range(len(out) - len(value.dims))] + list(value.dims)
+        for k, extent in enumerate(out):
+            if not dims[k] and extent != 1:
+                dims[k] = [Axis(self.size((node.name, k), extent))]
+        return self._with_dims(value, dims)
+
+    @reads(aten.contiguous.default, aten.clone.default, aten.alias.default,
+           aten.lift_fresh_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device,
+           aten._to_copy.default, aten.type_as.default, aten.detach_.default)
+    def _read_same(self, node, source, *args, **kwargs) -> Value:
+        return self.value(source)
+
+    @reads(aten.detach.default)
+    def _read_detach(self, node, source, *args) -> Value:
+        raise self.refuse("no detach on a path from X or the parameters (it stops the "
+                          "derivatives there, which curvgap does not assume)")
+
+    @reads(aten.dropout.default, aten.native_dropout.default)
+    def _read_dropout(self, node, source, p, train) -> Value:
+        if train and p > 0:
+            raise self.refuse(f"dropout off: the module is in training mode with p = {p} "
+                              "(random); call module.eval() or set p = 0")
+        return self.value(source)
+
+    def _with_dims(self, value: Value, dims: list[list[Axis]]) -> Value:
+        return Value(dims, value.tensor, value.axes, value.expr, value.constant, value.transform)
+
+    # -- selections: slices, indices, concatenations --------------------------------------------
+    def _select(self, key: str, value: Value, dim: int, details: tuple, out_extent) -> Value:
+        """``value`` along ``dim`` multiplied by a selection table ``S[out, in]`` (the new
+        tensor named after ``key``)."""
+        dim = dim % len(value.dims)
+        source = self.leaf_dims(value)[dim]
+        dims = list(value.dims)
+        if out_extent == 1 and details[0] == "pick":
+            out_dim: list[Size] = []
+        else:
+            out_dim = self.size((key, "selected"), out_extent).leaves()
+        table_dims = [[Axis(s) for s in out_dim], [Axis(a.size.root()) for a in source]]
+        table = self.table("select", table_dims, details)
+        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
+        sizes[dim] = out_dim
+        labels = self.out_labels(sizes)
+        inner = [self.label() for _ in source]
+        value_labels = [list(dim) for dim in labels]
+        value_labels[dim] = inner
+        dims = sizes
+        coeff, base = self.scaled(value)
+        return self.emit(dims, labels, [(coeff, [self.operand(base, value_labels),
+                                                 self.operand(table, [labels[dim], inner])])],
+                         key)
+
+    @reads(aten.slice.Tensor)
+    def _read_slice(self, node, source, dim=0, start=None, end=None, step=1) -> Value:
+        value = self.value(source)
+        dim = dim % len(value.dims)
+        extent = self.shape_of(node)[dim]
+        full = self.leaf_dims(value)[dim]
+        total = sp.Mul(*[a.extent for a in full]) if full else 1
+        start = 0 if start is None else start
+        if start == 0 and step == 1 and sp.simplify(extent - total) == 0:
+            return value  # the whole dimension
+        if not isinstance(total, int | sp.Integer) or not all(
+                isinstance(v, int) for v in (start, step)):
+            raise self.refuse("a slice of fixed bounds along a dimension of fixed size")
+        return self._select(node.name, value, dim, ("slice", int(start), int(step)), extent)
+
+    @reads(aten.select.int)
+    def _read_select_int(self, node, source, dim, index) -> Value:
+        value = self.value(source)
+        full = self.leaf_dims(value)[dim % len(value.dims)]
+        total = sp.Mul(*[a.extent for a in full]) if full else 1
+        if not isinstance(index, int) or not sp.sympify(total).is_Integer and index < 0:
+            raise self.refuse("an index of fixed value")
+        return self._select(node.name, value, dim, ("pick", int(index)), 1)
+
+    @reads(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+    def _read_split(self, node, source, sizes, dim=0) -> tuple:
+        value = self.value(source)
+        dim = dim % len(value.dims)
+        full = self.leaf_dims(value)[dim]
+        total = int(sp.Mul(*[a.extent for a in full]))
+        if node.target is aten.chunk.default:
+            step = -(-total // sizes)
+            sizes = [min(step, total - k) for k in range(0, total, step)]
+        elif isinstance(sizes, int):
+            sizes = [min(sizes, total - k) for k in range(0, total, sizes)]
+        out, start = [], 0
+        for k, extent in enumerate(sizes):
+            out.append(self._select(f"{node.name}_{k}", value, dim, ("slice", start, 1),
+                                    extent))
+            start += extent
+        return tuple(out)
+
+    @reads(aten.cat.default)
+    def _read_cat(self, node, sources, dim=0) -> Value:
+        values = [self.value(s) for s in sources]
+        dim = dim % len(values[0].dims)
+        out_extent = self.shape_of(node)[dim]
+        out_size = self.size((node.name, "cat"), out_extent).leaves()
+        # every other dimension aligned as by broadcasting
+        others = [self._with_dims(v, v.dims[:dim] + v.dims[dim + 1:]) for v in values]
+        sizes, (labels, *per_value) = self.broadcast(others)
+        out_label = [self.label() for _ in out_size]
+        out_sizes = sizes[:dim] + [out_size] + sizes[dim:]
+        out_labels = labels[:dim] + [out_label] + labels[dim:]
+        terms, offset = [], 0
+        for value, own in zip(values, per_value):
+            part = self.leaf_dims(value)[dim]
+            extent = int(sp.Mul(*[a.extent for a in part])) if part else 1
+            inner = [self.label() for _ in part]
+            table = self.table("place", [[Axis(s) for s in out_size],
+                                         [Axis(a.size.root()) for a in part]], ("place", offset))
+            coeff, base = self.scaled(value)
+            terms.append((coeff, [self.operand(base, own[:dim] + [inner] + own[dim:]),
+                                  self.operand(table, [out_label, inner])]))
+            offset += extent
+        return self.emit(out_sizes, out_labels, terms)
+
+    @reads(aten.embedding.default)
+    def _read_embedding(self, node, weight, indices, *args) -> Value:
+        table = self.value(weight)
+        ids = self.value(indices)
+        if ids.constant is None:
+            raise self.refuse("embedding indices that do not depend on X or the parameters")
+        rows = self.leaf_dims(table)[0]
+        if len(rows) != 1:
+            raise self.refuse("an embedding table with one row axis")
+        hot = Value(ids.dims + [[Axis(rows[0].size.root())]], constant=ids.constant,
+                    transform=f"one_hot:{rows[0].extent}")
+        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
+        feature = [a.size.root() for a in self.leaf_dims(table)[1]]
+        labels = self.out_labels(sizes + [feature])
+        row = self.label()
+        return self.emit(sizes + [feature], labels, [(sp.Integer(1), [
+            self.operand(hot, labels[:-1] + [[row]]),
+            self.operand(table, [[row], labels[-1]])])])
+
+    # -- elementwise ---------------------------------------------------------------------------
+    def _unary(self, source, fn: Callable[[sp.Expr], sp.Expr]) -> Value:
+        value = self.value(source)
+        return Value(value.dims, value.tensor, value.axes, fn(value.expr), value.constant,
+                     value.transform, (self.node.name, self.what()))
+
+    def _same_tensor(self, a: Value, b: Value) -> bool:
+        """Whether ``a`` and ``b`` read one tensor the same way (so an elementwise operation
+        of the two is a function of that tensor)."""
+        return (a.tensor is not None and a.tensor == b.tensor and len(a.dims) == len(b.dims)
+                and all([id(x_) for x_ in da] == [id(y_) for y_ in db]
+                        for da, db in zip(self.leaf_dims(a), self.leaf_dims(b))))
+
+    def _binary(self, node, a, b, op: str, alpha=1) -> object:
+        """``a op b`` for ``op`` in ``+ - * /`` (``alpha`` scaling ``b`` of a sum)."""
+        numbers = {k: v for k, v in (("a", a), ("b", b)) if not isinstance(v, torch.fx.Node)}
+        if numbers:
+            try:
+                number = _number(numbers.get("a", numbers.get("b")))
+            except (TypeError, ValueError):
+                raise self.refuse(f"a finite number, got {numbers}") from None
+            value = self.value(b if "a" in numbers else a)
+            fn = {"+": lambda e: e + alpha * number if "a" not in numbers else number + alpha * e,
+                  "-": lambda e: e - alpha * number if "a" not in numbers else number - alpha * e,
+                  "*": lambda e: e * number,
+                  "/": lambda e: e / number if "a" not in numbers else number / e}[op]
+            return Value(value.dims, value.tensor, value.axes, fn(value.expr), value.constant,
+                         value.transform, (node.name, self.what()))
+        first, second = self.value(a), self.value(b)
+        if self._same_tensor(first, second):
+            fa, fb = first.expr, second.expr
+            expr = {"+": fa + alpha * fb, "-": fa - alpha * fb, "*": fa * fb, "/": fa / fb}[op]
+            return Value(first.dims, first.tensor, first.axes, expr,
+                         origin=(node.name, self.what()))
+        alpha = _number(alpha)
+        if op in "+-":
+            sign = alpha if op == "+" else -alpha
+            ca, va = self.scaled(first)
+            cb, vb = self.scaled(second)
+            return self.combine([va, vb], [(ca, [0]), (sign * cb, [1])])
+        if op == "/":
+            second = Value(second.dims, second.tensor, second.axes, 1 / second.expr,
+                           second.constant, second.transform)
+        ca, va = self.scaled(first)
+        cb, vb = self.scaled(second)
+        return self.combine([va, vb], [(ca * cb, [0, 1])])
+
+    @reads(aten.add.Tensor, aten.add.Scalar)
+    def _read_add(self, node, a, b, alpha=1) -> Value:
+        return self._binary(node, a, b, "+", alpha)
+
+    @reads(aten.sub.Tensor, aten.sub.Scalar)
+    def _read_sub(self, node, a, b, alpha=1) -> Value:
+        return self._binary(node, a, b, "-", alpha)
+
+    @reads(aten.rsub.Scalar, aten.rsub.Tensor)
+    def _read_rsub(self, node, a, b, alpha=1) -> Value:
+        return self._binary(node, b, a, "-", alpha)
+
+    @reads(aten.mul.Tensor, aten.mul.Scalar, operator.mul)
+    def _read_mul(self, node, a, b) -> Value:
+        return self._binary(node, a, b, "*")
+
+    @reads(aten.div.Tensor, aten.div.Scalar)
+    def _read_div(self, node, a, b) -> Value:
+        return self._binary(node, a, b, "/")
+
+    @reads(aten.neg.default)
+    def _read_neg(self, node, source) -> Value:
+        return self._unary(source, lambda e: -e)
+
+    @reads(aten.pow.Tensor_Scalar)
+    def _read_pow(self, node, source, exponent) -> Value:
+        return self._unary(source, lambda e: e ** _number(exponent))
+
+    @reads(aten.square.default)
+    def _read_square(self, node, source) -> Value:
+        return self._unary(source, lambda e: e ** 2)
+
+    @reads(aten.rsqrt.default)
+    def _read_rsqrt(self, node, source) -> Value:
+        return self._unary(source, lambda e: e ** sp.Rational(-1, 2))
+
+    @reads(aten.sqrt.default)
+    def _read_sqrt(self, node, source) -> Value:
+        return self._unary(source, sp.sqrt)
+
+    @reads(aten.reciprocal.default)
+    def _read_reciprocal(self, node, source) -> Value:
+        return self._unary(source, lambda e: 1 / e)
+
+    @reads(aten.exp.default)
+    def _read_exp(self, node, source) -> Value:
+        return self._unary(source, sp.exp)
+
+    @reads(aten.log.default)
+    def _read_log(self, node, source) -> Value:
+        return self._unary(source, sp.log)
+
+    @reads(aten.tanh.default)
+    def _read_tanh(self, node, source) -> Value:
+        return self._unary(source, sp.tanh)
+
+    @reads(aten.sigmoid.default)
+    def _read_sigmoid(self, node, source) -> Value:
+        return self._unary(source, sigmoid)
+
+    @reads(aten.erf.default)
+    def _read_erf(self, node, source) -> Value:
+        return self._unary(source, sp.erf)
+
+    @reads(aten.sin.default)
+    def _read_sin(self, node, source) -> Value:
+        return self._unary(source, sp.sin)
+
+    @reads(aten.cos.default)
+    def _read_cos(self, node, source) -> Value:
+        return self._unary(source, sp.cos)
+
+    @reads(aten.relu.default)
+    def _read_relu(self, node, source) -> Value:
+        return self._unary(source, lambda e: sp.Max(e, 0))
+
+    @reads(aten.silu.default)
+    def _read_silu(self, node, source) -> Value:
+        return self._unary(source, lambda e: e * sigmoid(e))
+
+    @reads(aten.gelu.default)
+    def _read_gelu(self, node, source, approximate="none") -> Value:
+        if approximate == "tanh":
+            return self._unary(source, lambda e: e * (1 + sp.tanh(
+                sp.sqrt(2 / sp.pi) * (e + sp.Rational(44715, 1000000) * e ** 3))) / 2)
+        return self._unary(source, lambda e: e * (1 + sp.erf(e / sp.sqrt(2))) / 2)
+
+    @reads(aten.softplus.default)
+    def _read_softplus(self, node, source, beta=1, threshold=20) -> Value:
+        beta = _number(beta)
+        return self._unary(source, lambda e: softplus(beta * e) / beta)
+
+    @reads(aten.where.self)
+    def _read_where(self, node, condition, a, b) -> Value:
+        mask = self.value(condition)
+        if mask.constant is None:
+            raise self.refuse("a condition that does not depend on X or the parameters")
+        ones = Value(mask.dims, constant=mask.constant, transform="float")
+        values = [self._operand_value(a), self._operand_value(b), ones]
+        # a m + b (1 - m)
+        return self.combine(values, [(1, [0, 2]), (1, [1]), (-1, [1, 2])])
+
+    def _operand_value(self, arg) -> Value:
+        if isinstance(arg, torch.fx.Node):
+            return self.value(arg)
+        raise self.refuse(f"tensor operands, got the number {arg!r}")
+
+    @reads(aten.masked_fill.Scalar)
+    def _read_masked_fill(self, node, source, mask, fill) -> Value:
+        value, where = self.value(source), self.value(mask)
+        if where.constant is None:
+            raise self.refuse("a mask that does not depend on X or the parameters")
+        if isinstance(fill, float) and math.isinf(fill):
+            bias = Value(where.dims, constant=where.constant,
+                         transform="additive_where" if fill < 0 else "bad")
+            if fill > 0:
+                raise self.refuse("a fill value other than +inf")
+            coeff, base = self.scaled(value)
+            return self.combine([base, bias], [(coeff, [0]), (1, [1])])
+        ones = Value(where.dims, constant=where.constant, transform="float")
+        coeff, base = self.scaled(value)
+        # x (1 - m) + fill m
+        return self.combine([base, ones], [(coeff, [0]), (-coeff, [0, 1]),
+                                           (_number(fill), [1])])
+
+    # -- reductions ------------------------------------------------------------------------------
+    def _reduce(self, node, source, dims, keepdim: bool, mean: bool) -> Value:
+        value = self.value(source)
+        rank = len(value.dims)
+        dims = range(rank) if dims is None or dims == [] else [dims] if isinstance(
+            dims, int) else dims
+        reduced = {d % rank for d in dims}
+        leaves = self.leaf_dims(value)
+        if any(self.is_batch(a) for d in reduced for a in leaves[d]):
+            raise self.refuse("a sum over the features of each sample, not over the batch")
+        sizes = [[a.size.root() for a in dim] for dim in leaves]
+        out_sizes = [([] if k in reduced else s) for k, s in enumerate(sizes) if
+                     keepdim or k not in reduced]
+        labels = self.out_labels(out_sizes)
+        value_labels, position = [], 0
+        for k, dim in enumerate(leaves):
+            if k in reduced:
+                value_labels.append([self.label() for _ in dim])
+                if keepdim:
+                    position += 1
+            else:
+                value_labels.append(labels[position])
+                position += 1
+        count = sp.Mul(*[_symbol(a.size) for d in reduced for a in leaves[d]])
+        coeff, base = self.scaled(value)
+        if mean:
+            coeff = coeff / count
+        return self.emit(out_sizes, labels, [(coeff, [self.operand(base, value_labels)])])
+
+    @reads(aten.mean.dim, aten.mean.default)
+    def _read_mean(self, node, source, dims=None, keepdim=False, **kwargs) -> Value:
+        return self._reduce(node, source, dims, keepdim, mean=True)
+
+    @reads(aten.sum.dim_IntList, aten.sum.default)
+    def _read_sum(self, node, source, dims=None, keepdim=False, **kwargs) -> Value:
+        return self._reduce(node, source, dims, keepdim, mean=False)
+
+    # -- linear maps ---------------------------------------------------------------------------
+    def _linear(self, node, source, weight, bias, transposed: bool) -> Value:
+        """``source W^T + b`` (``W`` of shape ``(out, in)``; ``(in, out)`` when
+        ``transposed``)."""
+        x_value, w_value = self.value(source), self.value(weight)
+        if len(w_value.dims) != 2:
+            raise self.refuse("a weight matrix of two dimensions")
+        w_in, w_out = (1, 0) if not transposed else (0, 1)
+        x_leaves = self.leaf_dims(x_value)
+        align([a.size for a in x_leaves[-1]], [a.size for a in self.leaf_dims(w_value)[w_in]])
+        x_leaves = self.leaf_dims(x_value)
+        w_leaves = self.leaf_dims(w_value)
+        sizes = [[a.size.root() for a in d] for d in x_leaves[:-1]]
+        out = [a.size.root() for a in w_leaves[w_out]]
+        labels = self.out_labels(sizes + [out])
+        inner = [self.label() for _ in x_leaves[-1]]
+        w_labels = [labels[-1], inner] if not transposed else [inner, labels[-1]]
+        cx, vx = self.scaled(x_value)
+        terms = [(cx, [self.operand(vx, labels[:-1] + [inner]), self.operand(w_value, w_labels)])]
+        if bias is not None:
+            b_value = self.value(bias)
+            if len(b_value.dims) != 1:
+                raise self.refuse("a bias of one dimension")
+            align([a.size for a in self.leaf_dims(b_value)[0]], out)
+            terms.append((sp.Integer(1), [self.operand(b_value, [labels[-1]])]))
+        return self.emit(sizes + [out], labels, terms)
+
+    @reads(aten.linear.default)
+    def _read_linear(self, node, source, weight, bias=None) -> Value:
+        return self._linear(node, source, weight, bias, transposed=False)
+
+    @reads(aten.addmm.default)
+    def _read_addmm(self, node, bias, source, weight, beta=1, alpha=1) -> Value:
+        if beta != 1 or alpha != 1:
+            raise self.refuse("addmm with beta = alpha = 1")
+        return self._linear(node, source, weight, bias, transposed=True)
+
+    @reads(aten.matmul.default, aten.mm.default, aten.bmm.default)
+    def _read_matmul(self, node, a, b) -> Value:
+        first, second = self.value(a), self.value(b)
+        if len(first.dims) < 2 or len(second.dims) < 2:
+            raise self.refuse("matrix products of tensors with two or more dimensions")
+        # batch dimensions broadcast; the last of a meets the second-to-last of b
+        fa = self._with_dims(first, first.dims[:-2])
+        fb = self._with_dims(second, second.dims[:-2])
+        align([s.size for s in self.leaf_dims(first)[-1]],
+              [s.size for s in self.leaf_dims(second)[-2]])
+        batch_sizes, (batch_labels, la, lb) = self.broadcast([fa, fb])
+        rows = [a_.size.root() for a_ in self.leaf_dims(first)[-2]]
+        cols = [a_.size.root() for a_ in self.leaf_dims(second)[-1]]
+        inner = [self.label() for _ in self.leaf_dims(first)[-1]]
+        out_sizes = batch_sizes + [rows, cols]
+        out_labels = batch_labels + self.out_labels([rows, cols])
+        ca, va = self.scaled(first)
+        cb, vb = self.scaled(second)
+        return self.emit(out_sizes, out_labels, [(ca * cb, [
+            self.operand(va, la + [out_labels[-2], inner]),
+            self.operand(vb, lb + [inner, out_labels[-1]])])])
+
+    @reads(aten.conv2d.default, aten.convolution.default)
+    def _read_conv2d(self, node, source, weight, bias=None, stride=(1, 1), padding=(0, 0),
+                     dilation=(1, 1), groups=1, *rest) -> Value:
+        x_value, w_value = self.value(source), self.value(weight)
+        kernel = [int(e) for e in self.shape_of(weight)[2:]]
+        stride = list(stride) if isinstance(stride, list | tuple) else [stride] * 2
+        padding = list(padding) if isinstance(padding, list | tuple) else [padding] * 2
+        if (len(x_value.dims) != 4 or stride != kernel or any(padding) or groups != 1
+                or any(d != 1 for d in dilation)):
+            raise self.refuse("a convolution that cuts images into patches (kernel = stride, "
+                              "no padding, no dilation, one group)")
+        out_shape = self.shape_of(node)
+        # split each image axis into (patches, kernel)
+        leaves = self.leaf_dims(x_value)
+        image = []
+        for k in (2, 3):
+            (axis,) = leaves[k] if len(leaves[k]) == 1 else (None,)
+            if axis is None:
+                raise self.refuse("image axes of one factor each")
+            grouped = regroup([axis], [out_shape[k], kernel[k - 2]])
+            image.append(grouped)
+        w_leaves = self.leaf_dims(w_value)
+        align([a.size for a in leaves[1]], [a.size for a in w_leaves[1]])
+        align([image[0][1][0].size], [a.size for a in w_leaves[2]])
+        align([image[1][1][0].size], [a.size for a in w_leaves[3]])
+        leaves = self.leaf_dims(x_value)
+        w_leaves = self.leaf_dims(w_value)
+        batch = [a.size.root() for a in leaves[0]]
+        channels_out = [a.size.root() for a in w_leaves[0]]
+        patches = [[a.size.root() for a in g[0]] for g in image]
+        out_sizes = [batch, channels_out, *patches]
+        labels = self.out_labels(out_sizes)
+        c = [self.label() for _ in leaves[1]]
+        kh, kw = self.label(), self.label()
+        x_labels = [labels[0], c, labels[2] + [kh], labels[3] + [kw]]
+        terms = [(sp.Integer(1), [self.operand(x_value, x_labels),
+                                  self.operand(w_value, [labels[1], c, [kh], [kw]])])]
+        if bias is not None:
+            terms.append((sp.Integer(1), [self.operand(self.value(bias), [labels[1]])]))
+        return self.emit(out_sizes, labels, terms)
+
+    # -- softmax, normalisation, attention ------------------------------------------------------
+    def softmax(self, value: Value, dim: int, hint: str) -> Value:
+        """The engine's softmax of ``value`` over ``dim`` (one axis)."""
+        rank = len(value.dims)
+        dim %= rank
+        leaves = self.leaf_dims(value)
+        if len(leaves[dim]) != 1:
+            raise self.refuse("a softmax over one axis")
+        order = [k for k in range(rank) if k != dim] + [dim]
+        wanted = [a for k in order for a in leaves[k] if not self.is_batch(a)]
+        if (value.tensor is None or value.expr != x or [id(a) for a in wanted]
+                != [id(a) for a in self.axes_of(value.tensor)]):
+            sizes = [[a.size.root() for a in leaves[k]] for k in order]
+            labels = self.out_labels(sizes)
+            value_labels: list = [None] * rank
+            for position, k in enumerate(order):
+                value_labels[k] = labels[position]
+            coeff, base = self.scaled(value)
+            copied = self.emit(sizes, labels, [(coeff, [self.operand(base, value_labels)])],
+                               f"{hint}_scores")
+            dims: list = [None] * rank
+            for position, k in enumerate(order):
+                dims[k] = copied.dims[position]
+            value = Value(dims, copied.tensor, copied.axes)
+        source = self.axes_of(value.tensor)
+        labels = [self.label() for _ in source]
+        name = self.name(hint)
+        axes = [Axis(a.size.root()) for a in source]
+        self.ops.append(dict(kind="softmax", out=name, labels=labels,
+                             axes=list(zip(labels, [a.size.root() for a in source])),
+                             source=(value.tensor, labels), what="softmax",
+                             path=self.where()))
+        self._tensor_axes[name] = axes
+        mapping = {id(s): a for s, a in zip(source, axes)}
+        dims = [[mapping.get(id(a), a) for a in dim] for dim in self.leaf_dims(value)]
+        batch = [a for dim in dims for a in dim if self.is_batch(a)]
+        return Value(dims, name, batch[:1] + axes)
+
+    @reads(aten.softmax.int, aten._softmax.default)
+    def _read_softmax(self, node, source, dim, *rest, **kwargs) -> Value:
+        return self.softmax(self.value(source), dim, node.name)
+
+    def _normalise(self, node, source, count: int, eps: float, centred: bool,
+                   weight=None, bias=None, offset: float = 0) -> Value:
+        """``(x - mean) / sqrt(var + eps)`` (or ``x / sqrt(mean(x²) + eps)``) over the last
+        ``count`` dimensions, times ``weight + offset``, plus ``bias``."""
+        value = self.value(source)
+        leaves = self.leaf_dims(value)
+        sizes = [[a.size.root() for a in d] for d in leaves]
+        rows, features = sizes[:-count], sizes[-count:]
+        if any(self.is_batch(a) for d in leaves[-count:] for a in d):
+            raise self.refuse("a normalisation over the features of each sample")
+        row_labels = self.out_labels(rows)
+        feature_labels = [[self.label() for _ in d] for d in features]
+        every = row_labels + feature_labels
+        n = sp.Mul(*[_symbol(s) for d in features for s in d])
+        coeff, base = self.scaled(value)
+        name = node.name
+        if centred:
+            mean = self.emit(rows, row_labels, [(coeff / n, [self.operand(base, every)])],
+                             f"{name}_mean")
+            spread_of = self.emit(sizes, every, [(coeff, [self.operand(base, every)]),
+                                                 (-1, [self.operand(mean, row_labels)])],
+                                  f"{name}_centred")
+            spread_coeff = sp.Integer(1)
+        else:
+            spread_of, spread_coeff = base, coeff
+        spread = self.emit(rows, row_labels, [(spread_coeff ** 2 / n, [
+            self.operand(spread_of, every), self.operand(spread_of, every)])],
+            f"{name}_var" if centred else f"{name}_meansquare")
+        eps = _number(eps)
+        if eps == 0:
+            self.guards.append((spread.tensor, mean.tensor if centred else spread.tensor,
+                                f"{'LayerNorm' if centred else 'RMSNorm'} at "
+                                f"{_path(node) or 'the module'} has eps = 0 and needs every "
+                                "row variance > 0, but a row of its input is constant; "
+                                "change the input or use eps > 0"))
+        rsqrt = Value(spread.dims, spread.tensor, spread.axes, (x + eps) ** sp.Rational(-1, 2),
+                      origin=(f"{name}_rsqrt", "rsqrt"))
+        terms = [(spread_coeff, [self.operand(spread_of, every),
+                                 self.operand(rsqrt, row_labels)])]
+        normalised = self.emit(sizes, every, terms, f"{name}_normalised"
+                               if weight is not None else name)
+        if weight is None:
+            return normalised
+        w = self.value(weight)
+        out_terms = [(sp.Integer(1), [self.operand(w, feature_labels),
+                                      self.operand(normalised, every)])]
+        if offset:
+            out_terms.append((_number(offset), [self.operand(normalised, every)]))
+        if bias is not None:
+            out_terms.append((sp.Integer(1), [self.operand(self.value(bias), feature_labels)]))
+        return self.emit(sizes, every, out_terms, name)
+
+    @reads(aten.layer_norm.default)
+    def _read_layer_norm(self, node, source, shape, weight=None, bias=None, eps=1e-5,
+                         *rest) -> Value:
+        return self._normalise(node, source, len(shape), eps, True, weight, bias)
+
+    @reads(aten.rms_norm.default)
+    def _read_rms_norm(self, node, source, shape, weight=None, eps=None) -> Value:
+        if eps is None:
+            eps = torch.finfo(node.args[0].meta["val"].dtype).eps
+        return self._normalise(node, source, len(shape), eps, False, weight)
+
+    @reads(aten.scaled_dot_product_attention.default)
+    def _read_sdpa(self, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False) -> Value:
+        if dropout_p:
+            raise self.refuse(f"attention dropout off (dropout_p = {dropout_p}: training "
+                              "mode?); call module.eval()")
+        Q, K, V = self.value(q), self.value(k), self.value(v)
+        if len(Q.dims) < 2 or len(K.dims) != len(Q.dims) or len(V.dims) != len(Q.dims):
+            raise self.refuse("queries, keys and values of equal rank")
+        if enable_gqa and len(Q.dims) >= 3:
+            (qh,), (kh,) = self.leaf_dims(Q)[-3], self.leaf_dims(K)[-3]
+            ratio = int(qh.extent) // int(kh.extent)
+            if ratio > 1:
+                shared = self.size((node.name, "gqa"), ratio)
+                align([qh.size], [kh.size, shared])
+                K = self._with_dims(K, K.dims[:-3] + [K.dims[-3] + [Axis(shared)]]
+                                    + K.dims[-2:])
+                V = self._with_dims(V, V.dims[:-3] + [V.dims[-3] + [Axis(shared)]]
+                                    + V.dims[-2:])
+        align([a.size for a in self.leaf_dims(Q)[-1]], [a.size for a in self.leaf_dims(K)[-1]])
+        align([a.size for a in self.leaf_dims(K)[-2]], [a.size for a in self.leaf_dims(V)[-2]])
+        batch_sizes, (batch_labels, lq, lk, lv) = self.broadcast(
+            [self._with_dims(t, t.dims[:-2]) for t in (Q, K, V)])
+        query, key = self.leaf_dims(Q)[-2], self.leaf_dims(K)[-2]
+        width, value_width = self.leaf_dims(Q)[-1], self.leaf_dims(V)[-1]
+        for leaves, hint in ((width, "d_k"), (value_width, "d_v")):
+            for a in leaves:
+                self.hints.setdefault(a.size.root(), hint)
+        for dim in batch_sizes[-1:]:
+            for size, hint in zip(dim, ("h",) if len(dim) == 1 else ("g", "r")):
+                self.hints.setdefault(size.root(), hint)
+        i = self.out_labels([[a.size.root() for a in query]])[0]
+        j = self.out_labels([[a.size.root() for a in key]])[0]
+        e = [self.label() for _ in width]
+        f = self.out_labels([[a.size.root() for a in value_width]])[0]
+        if scale is None:
+            scale = 1 / sp.sqrt(sp.Mul(*[_symbol(a.size) for a in width]))
+        else:
+            scale = _number(scale)
+        cq, vq = self.scaled(Q)
+        ck, vk = self.scaled(K)
+        score_sizes = batch_sizes + [[a.size.root() for a in query], [a.size.root() for a in key]]
+        scores = self.emit(score_sizes, batch_labels + [i, j], [(scale * cq * ck, [
+            self.operand(vq, lq + [i, e]), self.operand(vk, lk + [j, e])])],
+            f"{node.name}_scores")
+        if attn_mask is not None:
+            mask = self.value(attn_mask)
+            if mask.constant is None:
+                raise self.refuse("an attention mask that does not depend on X or the "
+                                  "parameters")
+            # a row with every key masked attends to nothing (torch's safe softmax): its
+            # mask is zero and its output multiplied by 0
+            boolean = attn_mask.meta["val"].dtype == torch.bool
+            kept = Value(mask.dims[:-1] + [[]], constant=mask.constant,
+                         transform="rows_kept" if boolean else "rows_finite")
+            mask = Value(mask.dims, constant=mask.constant,
+                         transform="additive_keep" if boolean else "additive_safe")
+            scores = self.combine([scores, mask], [(1, [0]), (1, [1])], f"{node.name}_masked")
+        if is_causal:
+            leaves = self.leaf_dims(scores)
+            causal = self.table("causal", [[Axis(a.size.root()) for a in leaves[-2]],
+                                           [Axis(a.size.root()) for a in leaves[-1]]], ())
+            scores = self.combine([scores, causal], [(1, [0]), (1, [1])], f"{node.name}_causal")
+        weights = self.softmax(scores, -1, f"{node.name}_weights")
+        factors = [weights, V] + ([kept] if attn_mask is not None else [])
+        sizes, (labels, *batch_labels) = self.broadcast(
+            [self._with_dims(t, t.dims[:-2]) for t in factors])
+        rows = self.out_labels([[a.size.root() for a in query]])[0]
+        keys = [self.label() for _ in key]
+        cv, vv = self.scaled(V)
+        out_sizes = sizes + [[a.size.root() for a in query], [a.size.root() for a in value_width]]
+        operands = [self.operand(weights, batch_labels[0] + [rows, keys]),
+                    self.operand(vv, batch_labels[1] + [keys, f])]
+        if attn_mask is not None:
+            operands.append(self.operand(kept, batch_labels[2] + [rows, []]))
+        return self.emit(out_sizes, labels + [rows, f], [(cv, operands)], node.name)
+
+    # -- the program -----------------------------------------------------------------------------
+    def _finish(self, output: Value) -> Reading:
+        """The program of this pass: sizes named, inputs, operations and output written out."""
+        output = self.held(output)
+        leaves = self.leaf_dims(output)
+        if not leaves or not leaves[0] or not self.is_batch(leaves[0][0]) or len(leaves[0]) > 1:
+            raise UnsupportedOperation("the module's output: expected the batch as its first "
+                                       "dimension")
+        wanted = [a for dim in leaves[1:] for a in dim]
+        if [id(a) for a in wanted] != [id(a) for a in self.axes_of(output.tensor)]:
+            sizes = [[a.size.root() for a in dim] for dim in leaves]
+            labels = self.out_labels(sizes)
+            output = self.emit(sizes, labels, [(sp.Integer(1), [self.operand(output, labels)])],
+                               "output")
+            leaves = self.leaf_dims(output)
+        names = self._size_names()
+        rename = {_symbol(size): sp.Symbol(name, positive=True, integer=True)
+                  for size, name in names.items()}
+
+        def named(size: Size) -> str:
+            return names[size.root()]
+
+        def shape(dims: list[list[Axis]]) -> tuple[tuple[str, ...], ...]:
+            return tuple(tuple(named(a.size) for a in dim) for dim in dims)
+
+        def item(name: str, skip_batch: bool = True) -> Input:
+            role, value = self.inputs[name]
+            dims = self.leaf_dims(value)
+            batched = any(self.is_batch(a) for dim in dims for a in dim)
+            if batched:
+                dims = [dim for dim in dims if not any(self.is_batch(a) for a in dim)]
+            return Input(name, tuple(named(a.size) for a in self.axes_of(name)),
+                         shape(dims), batched, self.params.get(name, ""))
+
+        read = {name for op in self.ops for name in
+                ([t for _, operands in op.get("terms", ()) for t, _ in operands]
+                 + ([op["source"][0]] if "source" in op else []))}
+        inputs = [n for n, (role, _) in self.inputs.items() if n in read or role == "input"]
+        kept = [n for n in inputs if self.inputs[n][0] != "constant"]  # X, parameters
+        tensor = {n: n for n in kept}
+        tensor.update(_canonical_names(
+            [n for n in inputs if n not in tensor] + [op["out"] for op in self.ops],
+            taken=set(kept)))
+        ops = []
+        for op in self.ops:
+            axes = tuple((label, named(size)) for label, size in op["axes"])
+            common = dict(kind=op["kind"], out=tensor[op["out"]], labels=tuple(op["labels"]),
+                          axes=axes, path=op.get("path", ""), what=op.get("what", ""))
+            if op["kind"] == "einsum":
+                terms = tuple(Term(sp.sympify(coeff).xreplace(rename),
+                                   tuple(Operand(tensor[t], tuple(ls)) for t, ls in operands))
+                              for coeff, operands in op["terms"])
+                ops.append(Op(**common, terms=terms))
+            else:
+                source, labels = op["source"]
+                ops.append(Op(**common, fn=op.get("fn"),
+                              source=Operand(tensor[source], tuple(labels))))
+
+        def renamed(item_: Input) -> Input:
+            return Input(tensor[item_.name], item_.axes, item_.shape, item_.batched,
+                         item_.source)
+
+        X = item("X")
+        params = tuple(renamed(item(n)) for n in inputs if self.inputs[n][0] == "param")
+        constants = tuple(renamed(item(n)) for n in inputs if self.inputs[n][0] == "constant")
+        out = Input(tensor[output.tensor],
+                    tuple(named(a.size) for a in self.axes_of(output.tensor)),
+                    shape(leaves[1:]), True)
+        bound = {name for dim in X.shape for name in dim
+                 if not isinstance(self._extent_named(name, names), int)}
+        sizes = tuple((name, None if name in bound else self._extent_named(name, names))
+                      for name in sorted(set(names.values())))
+        guards = tuple((tensor[t], tensor[s_], message) for t, s_, message in self.guards)
+        program = Program(name="", title=self.title, sizes=sizes, X=X, params=params,
+                          constants=constants, ops=tuple(ops), output=out, loss=self.loss,
+                          guards=guards)
+        recipes = []
+        for constant in self.constants.values():
+            if constant.name not in read:
+                continue
+            details = constant.details
+            if constant.kind != "node":
+                own, extents = details
+                details = (own, tuple(tuple(named(s) for s in dim) for dim in extents))
+            recipes.append(Constant(tensor[constant.name], constant.kind, constant.node,
+                                    constant.transform, constant.batch_dim, details))
+        symbols = {name: size.extent for size, name in names.items()
+                   if not isinstance(size.extent, int)}
+        return Reading(program, recipes, {tensor[n]: source for n, source in
+                                          self.params.items() if n in read}, symbols)
+
+    @staticmethod
+    def _extent_named(name: str, names: dict[Size, str]) -> int | sp.Expr:
+        return next(size.extent for size, n in names.items() if n == name)
+
+    def _size_names(self) -> dict[Size, str]:
+        """A name for every size class the program uses: ``L`` for the sequence, ``d`` for
+        the input's width, the attention's ``h``, ``d_k``, ``d_v`` (``g``, ``r`` with grouped
+        queries), and ``n<extent>`` for the others."""
+        used: dict[Size, None] = {}
+        for name, (_, value) in self.inputs.items():
+            for axis in self.axes_of(name):
+                used.setdefault(axis.size.root())
+            for dim in self.leaf_dims(value):
+                for axis in dim:
+                    if not self.is_batch(axis):
+                        used.setdefault(axis.size.root())
+        for op in self.ops:
+            for _, size in op["axes"]:
+                used.setdefault(size.root())
+        hints = {size.root(): hint for size, hint in self.hints.items()}
+        X = self.leaf_dims(self.inputs["X"][1])
+        for dim in X[1:]:
+            for axis in dim:
+                size = axis.size.root()
+                if not isinstance(size.extent, int):
+                    hints.setdefault(size, "L")
+        if len(X) == 3 and len(X[2]) == 1:
+            hints.setdefault(X[2][0].size.root(), "d")
+        names: dict[Size, str] = {}
+        taken: set[str] = set()
+        for size in used:
+            base = hints.get(size) or (f"n{size.extent}" if isinstance(size.extent, int)
+                                       else "L")
+            name, k = base, 1
+            while name in taken:
+                k += 1
+                name = f"{base}_{k}"
+            taken.add(name)
+            names[size] = name
+        return names

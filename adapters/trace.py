@@ -1,0 +1,277 @@
+"""Tracing a module with the inputs of a call: ``torch.export`` with the batch and the
+sequence length left free, the graph read into a program (:mod:`.reader`), and at every call
+the program's constants made by the module's own code.
+
+A :class:`Trace` serves every call with the same kind of inputs (:func:`signature`): the
+same keyword inputs, dtypes and ranks, and the sizes the export fixed (dimensions it could not
+leave free).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..derivations.program import Program
+from .parts import cut
+from .reader import Constant, Reader, Reading, UnsupportedOperation, differentiable
+
+_DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
+
+
+@dataclass
+class Trace:
+    """A module read with one kind of inputs: the exported program, the reading of each part
+    (one, or a model's blocks and what surrounds them, :mod:`.parts`) with its block path,
+    the graph that makes the constants, and the sizes the export fixed (``None`` where
+    free)."""
+
+    exported: torch.export.ExportedProgram
+    readings: list[Reading]
+    paths: list[str]
+    constants: torch.fx.GraphModule | None
+    spec: pytree.TreeSpec
+    fixed: tuple
+    seconds: float
+
+    @property
+    def programs(self) -> list[Program]:
+        return [reading.program for reading in self.readings]
+
+
+def _leaves(X: torch.Tensor, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
+    return pytree.tree_flatten(((X,), kwargs))
+
+
+def signature(X: torch.Tensor, kwargs: dict) -> tuple:
+    """What a trace depends on besides the module: the structure of the inputs, each tensor's
+    dtype, rank and device type (Python values as they are)."""
+    leaves, spec = _leaves(X, kwargs)
+    kinds = tuple((str(v.dtype), v.ndim, v.device.type) if isinstance(v, torch.Tensor)
+                  else ("value", repr(v)) for v in leaves)
+    return (str(spec), kinds)
+
+
+def _dynamic(X: torch.Tensor, kwargs: dict) -> tuple:
+    """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free,
+    every keyword tensor's dimensions left for the export to relate."""
+    auto = torch.export.Dim.AUTO
+    free = {0: torch.export.Dim.DYNAMIC}
+    if X.ndim == 3:
+        free[1] = torch.export.Dim.DYNAMIC
+    kw = pytree.tree_map(lambda v: {k: auto for k in range(v.ndim)}
+                         if isinstance(v, torch.Tensor) else None, kwargs)
+    return (free, *kw.values())  # the positional input, then each keyword's
+
+
+def export(module: torch.nn.Module, X: torch.Tensor, kwargs: dict) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``module`` on ``X`` and ``kwargs`` with the batch (and sequence)
+    free; where the module fixes them, at the sizes given."""
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.export.export(module, (X,), kwargs, dynamic_shapes=_dynamic(X, kwargs),
+                                       strict=False)
+        except Exception as first:  # noqa: BLE001 - the module fixes a size: export as given
+            if _DEBUG:
+                print(f"curvgap: dynamic export failed: {first}", file=sys.stderr)
+            try:
+                return torch.export.export(module, (X,), kwargs, strict=False)
+            except Exception as error:
+                raise UnsupportedOperation(
+                    f"{type(module).__name__}: torch.export could not trace its forward with "
+                    f"these inputs ({type(error).__name__}: {str(error).splitlines()[0]}); "
+                    "curvgap reads a module's computation from its trace") from None
+
+
+def trace(module: torch.nn.Module, X: torch.Tensor, kwargs: dict, loss: str) -> Trace:
+    """Export ``module`` with these inputs, cut its graph into parts and read each (the last
+    with ``loss``, the others with the linear loss a chain passes cotangents with)."""
+    start = time.perf_counter()
+    exported = export(module, X, kwargs)
+    signature = exported.graph_signature
+    graph = exported.graph
+    kinds = torch.export.graph_signature.OutputKind
+    mutated = [str(s.target) for s in signature.output_specs if s.kind != kinds.USER_OUTPUT]
+    if mutated:
+        raise UnsupportedOperation(f"{type(module).__name__}: it changes {', '.join(mutated)} "
+                                   "when it runs (statistics in training mode?); call "
+                                   "module.eval()")
+    output_node = next(n for n in graph.nodes if n.op == "output")
+    user = [arg for arg, spec in zip(output_node.args[0], signature.output_specs)
+            if spec.kind == kinds.USER_OUTPUT]
+    main = next((a for a in user if isinstance(a, torch.fx.Node)
+                 and isinstance(a.meta.get("val"), torch.Tensor)), None)
+    params = dict(signature.inputs_to_parameters)
+    X_name = signature.user_inputs[0]
+    live = differentiable(graph, {X_name, *params})
+    if main is None or main.name not in live:
+        raise UnsupportedOperation(f"{type(module).__name__}: expected its first output to be "
+                                   "a tensor that depends on X or on the parameters")
+    live &= _ancestors(main)
+    sources = cut(graph, live, X_name, params, main)
+    readings = []
+    for k, source in enumerate(sources):
+        title = _title(module, source.root)
+        last = k == len(sources) - 1
+        readings.append(Reader(source, title, loss if last else "linear").read())
+    fixed = tuple(None if isinstance(e, torch.SymInt) else int(e)
+                  for e in next(n for n in graph.nodes if n.name == X_name).meta["val"].shape)
+    constants = [c for reading in readings for c in reading.constants]
+    return Trace(exported, readings, [s.root for s in sources],
+                 _constant_graph(exported, constants), _leaves(X, kwargs)[1], fixed,
+                 time.perf_counter() - start)
+
+
+def _ancestors(node: torch.fx.Node) -> set[str]:
+    """The names of ``node`` and of every node it is computed from."""
+    seen: set[str] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current.name not in seen:
+            seen.add(current.name)
+            pending.extend(current.all_input_nodes)
+    return seen
+
+
+def _title(module: torch.nn.Module, path: str) -> str:
+    """The class name of the submodule at ``path`` (of the module itself for ``""``)."""
+    try:
+        return type(module.get_submodule(path)).__name__ if path else type(module).__name__
+    except AttributeError:
+        return type(module).__name__
+
+
+def _constant_graph(exported: torch.export.ExportedProgram,
+                    constants: list[Constant]) -> torch.fx.GraphModule | None:
+    """The part of the exported graph that makes the constants the program reads, as a graph
+    module taking every placeholder and returning them in order."""
+    wanted = list(dict.fromkeys(c.node for c in constants if c.kind == "node"))
+    if not wanted:
+        return None
+    graph = exported.graph
+    nodes = {n.name: n for n in graph.nodes}
+    needed: set[str] = set()
+    pending = [nodes[name] for name in wanted]
+    while pending:
+        node = pending.pop()
+        if node.name not in needed:
+            needed.add(node.name)
+            pending.extend(node.all_input_nodes)
+    out = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder" or node.name in needed:
+            env[node] = out.node_copy(node, lambda n: env[n])
+    out.output(tuple(env[nodes[name]] for name in wanted))
+    return torch.fx.GraphModule(exported.graph_module, out)
+
+
+def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module,
+                 X: torch.Tensor, kwargs: dict) -> list:
+    """The values of every placeholder of the exported graph for this call: parameters and
+    buffers read from the module now, lifted constants, and the call's inputs."""
+    signature = exported.graph_signature
+    user = dict(zip(signature.user_inputs, _leaves(X, kwargs)[0]))
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    values = []
+    for spec in signature.input_specs:
+        name = spec.arg.name
+        if name in user:
+            values.append(user[name])
+        elif spec.target in params:
+            values.append(params[spec.target].detach())
+        elif spec.target in buffers:
+            values.append(buffers[spec.target])
+        else:
+            values.append(exported.constants[spec.target])
+    return values
+
+
+def constants(trace: Trace, module: torch.nn.Module, X: torch.Tensor, kwargs: dict,
+              dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
+    """Each part's constants for this call (``dims``: each part's sizes), laid out as the
+    generated code takes them (the batch first), in ``X``'s dtype and on its device."""
+    computed: dict[str, torch.Tensor] = {}
+    if trace.constants is not None:
+        with torch.no_grad():
+            values = trace.constants(*placeholders(trace.exported, module, X, kwargs))
+        nodes = dict.fromkeys(c.node for reading in trace.readings
+                              for c in reading.constants if c.kind == "node")
+        computed = dict(zip(nodes, values))
+    out = []
+    for reading, part_dims in zip(trace.readings, dims):
+        values = {}
+        for constant in reading.constants:
+            if constant.kind == "node":
+                value = _transformed(computed[constant.node], constant.transform, X)
+                if constant.batch_dim is not None:
+                    value = value.movedim(constant.batch_dim, 0)
+            else:
+                value = _table(constant, part_dims, X)
+            values[constant.name] = value.contiguous()
+        out.append(values)
+    return out
+
+
+def _transformed(value: torch.Tensor, transform: str, X: torch.Tensor) -> torch.Tensor:
+    """A constant as the program reads it: a float tensor like ``X``."""
+    if transform.startswith("one_hot:"):
+        classes = int(transform.partition(":")[2])
+        return torch.nn.functional.one_hot(value.long(), classes).to(X.dtype)
+    if transform == "additive_keep":  # a boolean mask, True where attention is kept; a row
+        kept = value.bool()                  # that keeps nothing is 0 (it attends to nothing)
+        rows = kept.any(-1, keepdim=True)
+        return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
+            ~kept & rows, float("-inf"))
+    if transform == "rows_kept":  # 1 where a row of a boolean mask keeps some entry
+        return value.bool().any(-1, keepdim=True).to(X.dtype)
+    if transform in ("additive_safe", "rows_finite"):  # an additive mask, and its rows
+        finite = (value.to(X.dtype) > float("-inf")).any(-1, keepdim=True)
+        if transform == "rows_finite":
+            return finite.to(X.dtype)
+        return torch.where(finite, value.to(X.dtype), torch.zeros((), dtype=X.dtype))
+    if transform == "additive_where":  # True where the scores are set to -inf
+        return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
+            value.bool(), float("-inf"))
+    if transform == "float":
+        return value.to(X.dtype)
+    if not value.is_floating_point():
+        raise UnsupportedOperation(f"a constant of dtype {value.dtype} read as a number")
+    return value.to(X.dtype)
+
+
+def _table(constant: Constant, dims: dict[str, int], X: torch.Tensor) -> torch.Tensor:
+    """A table of the program's own (a selection, a placement, a causal mask)."""
+    details, extents = constant.details
+    kind, args = (details[0], details[1:]) if constant.kind == "select" else (constant.kind,
+                                                                                details[1:])
+    shape = [[dims[name] for name in dim] for dim in extents]
+    sizes = [int(torch.tensor(d).prod()) if d else 1 for d in shape]
+    flat = sizes  # as the generated code takes it: one axis per dimension
+    options = dict(dtype=X.dtype, device=X.device)
+    if kind == "slice":
+        start, step = args
+        eye = torch.eye(sizes[1], **options)
+        return eye[start:start + step * sizes[0]:step].reshape(flat)
+    if kind == "pick":
+        return torch.eye(sizes[1], **options)[args[0]].reshape(flat)
+    if kind == "place":
+        (offset,) = args
+        table = torch.zeros(sizes[0], sizes[1], **options)
+        table[offset:offset + sizes[1]] = torch.eye(sizes[1], **options)
+        return table.reshape(flat)
+    if kind == "causal":
+        rows, columns = sizes
+        above = torch.ones(rows, columns, dtype=torch.bool, device=X.device).triu(1)
+        return torch.zeros(rows, columns, **options).masked_fill(above, float("-inf")).reshape(
+            flat)
+    raise ValueError(f"constant: unknown table {kind!r}")

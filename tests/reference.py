@@ -1,0 +1,116 @@
+"""References for real modules: reverse-over-reverse autograd on the module itself under the
+MATH attention kernel (the one with second derivatives), backed by central finite
+differences of its gradient. Nothing here calls curvgap."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def main_output(out: Any) -> torch.Tensor:
+    """A module's main output: the first element of a tuple, ``last_hidden_state`` or
+    ``logits`` of a model output."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, tuple | list):
+        return main_output(out[0])
+    for name in ("last_hidden_state", "logits"):
+        if getattr(out, name, None) is not None:
+            return getattr(out, name)
+    return main_output(out[0])
+
+
+def losses(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if name == "mse":
+        return F.mse_loss
+    return lambda Z, T: F.cross_entropy(Z.reshape(-1, Z.shape[-1]), T.reshape(-1))
+
+
+class Reference:
+    """``loss(module(X, **inputs), T)`` and its derivatives by autograd, parameters in the
+    module's order (``wrt`` names a subset)."""
+
+    def __init__(self, module: torch.nn.Module, X: torch.Tensor, T: torch.Tensor,
+                 loss: str = "mse", wrt: list[str] | None = None, **inputs: Any) -> None:
+        self.module, self.X, self.T, self.inputs = module, X, T, inputs
+        self.loss_fn = losses(loss)
+        named = dict(module.named_parameters())
+        self.names = wrt or list(named)
+        self.params = [named[n] for n in self.names]
+
+    def output(self, X: torch.Tensor | None = None) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.MATH):
+            return main_output(self.module(self.X if X is None else X, **self.inputs))
+
+    def loss(self) -> torch.Tensor:
+        return self.loss_fn(self.output(), self.T)
+
+    def _gradient(self, create_graph: bool) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.MATH):
+            grads = torch.autograd.grad(self.loss(), self.params, create_graph=create_graph,
+                                        allow_unused=True, materialize_grads=True)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def gradient(self) -> torch.Tensor:
+        return self._gradient(False).detach()
+
+    def hessian(self) -> torch.Tensor:
+        """Each row the gradient of one gradient entry (reverse over reverse)."""
+        with sdpa_kernel(SDPBackend.MATH):
+            flat = self._gradient(True)
+            rows = []
+            for k in range(flat.numel()):
+                if not flat[k].requires_grad:
+                    rows.append(torch.zeros_like(flat))
+                    continue
+                grads = torch.autograd.grad(flat[k], self.params, retain_graph=True,
+                                            allow_unused=True, materialize_grads=True)
+                rows.append(torch.cat([g.reshape(-1) for g in grads]))
+        return torch.stack(rows).detach()
+
+    def hvp(self, v: torch.Tensor) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.MATH):
+            flat = self._gradient(True)
+            grads = torch.autograd.grad(flat @ v, self.params, allow_unused=True,
+                                        materialize_grads=True)
+        return torch.cat([g.reshape(-1) for g in grads]).detach()
+
+    def gradient_fd(self, v: torch.Tensor, step: float = 1e-5) -> torch.Tensor:
+        """``H v`` by central differences of the gradient along ``v``."""
+        def at(scale: float) -> torch.Tensor:
+            with torch.no_grad():
+                offset = 0
+                for p in self.params:
+                    p.add_(scale * v[offset:offset + p.numel()].reshape(p.shape))
+                    offset += p.numel()
+            try:
+                return self.gradient()
+            finally:
+                with torch.no_grad():
+                    offset = 0
+                    for p in self.params:
+                        p.sub_(scale * v[offset:offset + p.numel()].reshape(p.shape))
+                        offset += p.numel()
+        return (at(step) - at(-step)) / (2 * step)
+
+
+def relative(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """``max |value - reference| / max |reference|``."""
+    scale = reference.abs().max()
+    return float((value - reference).abs().max() / (scale if scale > 0 else 1))
+
+
+def randomise(module: torch.nn.Module, seed: int = 0, scale: float = 0.7) -> torch.nn.Module:
+    """Random nonzero weights and biases (vectors around 0.5, so norms' weights too), eval
+    mode."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            p.copy_(noise * scale + (0.5 if p.ndim == 1 else 0.0))
+    return module.eval()
