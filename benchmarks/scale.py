@@ -34,6 +34,7 @@ import torch
 from torch.func import grad, jvp, vmap
 
 from ..codegen.cache import module_for
+from ..codegen.output import write_file
 from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
 from ..derivations.config import load
@@ -314,7 +315,7 @@ def run_scale(config_name: str = "paper_block", quick: bool = False, out: Path |
     _print_summary(results, report)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "scale.json").write_text(json.dumps(results, indent=2))
+        write_file(out / "scale.json", json.dumps(results, indent=2))
         report(f"  wrote {out / 'scale.json'}")
     return results
 

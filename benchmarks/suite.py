@@ -23,6 +23,7 @@ import torch
 
 from ..codegen.backends import MODULE_BACKENDS
 from ..codegen.generate import render_all
+from ..codegen.output import replacing, write_file
 from ..codegen.resources import CONFIGS
 from ..codegen.verify import random_case
 from ..derivations.config import load
@@ -158,8 +159,9 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
                "generate_seconds": generate_seconds}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps(results, indent=2))
-        _plot(sweep, out / "bench.png")
+        write_file(out / "bench.json", json.dumps(results, indent=2))
+        with replacing(out / "bench.png") as temporary:  # never through a link
+            _plot(sweep, temporary)
         report(f"  wrote {out / 'bench.json'} and {out / 'bench.png'}")
     _print_table(runner.results, report)
     return results

@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..codegen import output
 from ..codegen.backends import MODULE_BACKENDS
 from ..codegen.generate import (
     GenerationError,
     generate,
+    is_shipped_folder,
     load_configs,
     output_folder,
     relative_path,
@@ -31,10 +33,10 @@ from .verification import verify
 
 def _latex(name: str, out: str, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
-    from ..codegen import output
     from ..codegen.backends import latex
     from ..codegen.generate import render
-    from ..codegen.resources import CONFIGS
+    from ..codegen.resources import CONFIGS, GENERATED, shipped_configs
+    from ..derivations.config import load
     from ..derivations.model import derive
 
     path = Path(name) if name.endswith(".toml") else CONFIGS / f"{name}.toml"
@@ -46,10 +48,20 @@ def _latex(name: str, out: str, pdf: bool) -> int:
         return 2
     try:
         out = output_folder(out)
+        shipped = {p.stem: p for p in shipped_configs()}
+        if is_shipped_folder(out, GENERATED / "latex") and config.name in shipped and \
+                load(shipped[config.name]) != config:
+            raise GenerationError(f"NAME: {config.name!r} is a shipped config's name, and this "
+                                  f"config differs from it: writing it into {out} would "
+                                  "replace the shipped document; rename it or choose another "
+                                  "--out")
+        # pdflatex writes its files beside the document, through links: none may be one
+        written = (".tex", ".pdf", ".aux", ".log", ".toc", ".out") if pdf else (".tex",)
+        output.check_files(out, [config.name + suffix for suffix in written])
         out.mkdir(parents=True, exist_ok=True)
         tex = out / f"{config.name}.tex"
         output.write_file(tex, render(derive(config), latex.BACKEND))
-    except (GenerationError, OSError) as error:
+    except (GenerationError, output.OutputError, OSError) as error:
         print(f"curvgap: error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {tex}")
@@ -168,6 +180,29 @@ def _missing_extra(command: str) -> str | None:
             f"pip install -e \".[{extra}]\" (or pip install 'curvgap[{extra}]')")
 
 
+def _results_folder(args: argparse.Namespace) -> Path:
+    """The ``--out`` of ``bench`` or ``reproduce``, checked before the run: a folder or a
+    path where one can be made, none of the files the run writes there a symbolic link
+    (:class:`output.OutputError` otherwise)."""
+    if str(args.out).strip() == "":
+        raise output.OutputError("--out: expected a folder path, got an empty string (an "
+                                 "unset variable?)")
+    folder = Path(args.out)
+    output.check_folder(folder)
+    if args.command == "reproduce":
+        from ..analysis.reproduce import FIGURES  # (its import builds a model)
+
+        names = ["report.md", "report.json", *FIGURES.values()]
+    elif args.distributed:
+        names = ["distributed.json"]
+    elif args.scale:
+        names = ["scale.json"]
+    else:
+        names = ["bench.json", "bench.png"]
+    output.check_files(folder, names)
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input)."""
     args = _parser().parse_args(argv)
@@ -175,25 +210,31 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"curvgap: error: {missing}", file=sys.stderr)
         return 2
+    if args.command in ("bench", "reproduce"):
+        try:
+            args.out = _results_folder(args)
+        except output.OutputError as error:
+            print(f"curvgap: error: {error}", file=sys.stderr)
+            return 2
     if args.command == "bench" and args.distributed:
         from ..benchmarks.distributed import run_distributed
 
-        run_distributed(args.quick, Path(args.out))
+        run_distributed(args.quick, args.out)
         return 0
     if args.command == "bench" and args.scale:
         from ..benchmarks.scale import run_scale
 
-        run_scale(args.config, args.quick, Path(args.out))
+        run_scale(args.config, args.quick, args.out)
         return 0
     if args.command == "bench":
         from ..benchmarks.suite import run
 
-        run(args.config, args.quick, Path(args.out))
+        run(args.config, args.quick, args.out)
         return 0
     if args.command == "reproduce":
         from ..analysis.reproduce import run as reproduce_run
 
-        reproduce_run(args.quick, Path(args.out))
+        reproduce_run(args.quick, args.out)
         return 0
     if args.command == "latex":
         return _latex(args.name, args.out, args.pdf)

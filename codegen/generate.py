@@ -153,7 +153,7 @@ def check(configs: list[Config], out_dir: Path) -> list[tuple[str, str]]:
     """The files of ``configs`` under ``out_dir`` that are not current, with their state,
     and what an interrupted run left beside the folder."""
     problems = [(left, "left by an interrupted run; the next `curvgap generate` removes it")
-                for left in output.leftovers(out_dir)]
+                for left in output.leftovers(real_folder(out_dir))]
     for config in configs:
         for backend in BACKENDS:
             relative = relative_path(config, backend)
@@ -167,8 +167,11 @@ def write(rendered: list[Rendered], out_dir: Path, force: bool = False) -> list[
     """Write every rendered file under ``out_dir`` in one step (:mod:`codegen.output`):
     afterwards the folder is wholly new or, on any error or kill, as it was. Refuses, writing
     nothing, to overwrite a hand-edited file unless ``force`` is set, and to touch a folder
-    holding files curvgap did not write."""
-    _recover(out_dir)
+    holding files curvgap did not write. A symbolic link ``out_dir`` stays: its target is
+    switched."""
+    _check_switchable(out_dir)
+    target = real_folder(out_dir)
+    _recover(target)
     if not force:
         edited = [item.relative_path for item in rendered
                   if recorded_state(out_dir / item.relative_path, item.config,
@@ -177,15 +180,39 @@ def write(rendered: list[Rendered], out_dir: Path, force: bool = False) -> list[
             raise RefusedOutput("refusing to overwrite hand-edited files (use --force): "
                                 + ", ".join(str(out_dir / p) for p in edited))
     try:
-        output.check_foreign(out_dir, [b.name for b in BACKENDS], HEADER_MARK,
+        output.check_foreign(target, [b.name for b in BACKENDS], HEADER_MARK,
                              [item.relative_path for item in rendered])
     except output.OutputError as error:
         raise RefusedOutput(f"{error}; {out_dir} was left as it was") from None
     try:
-        output.switch(out_dir, {item.relative_path: item.text for item in rendered})
+        output.switch(target, {item.relative_path: item.text for item in rendered})
     except OSError as error:
         raise GenerationError(f"{error}; {out_dir} was left as it was") from None
     return [out_dir / item.relative_path for item in rendered]
+
+
+def real_folder(out_dir: Path) -> Path:
+    """``out_dir`` with every symbolic link on its way followed: the folder written."""
+    return Path(os.path.realpath(out_dir))
+
+
+def is_shipped_folder(out_dir: Path | None, shipped: Path = GENERATED) -> bool:
+    """Whether ``out_dir`` is the package's ``shipped`` folder (default ``generated/``),
+    however it is spelt (``./generated``, ``codegen/../generated``, a link to it)."""
+    if out_dir is None:
+        return False
+    if real_folder(out_dir) == real_folder(shipped):
+        return True
+    return Path(out_dir).exists() and shipped.exists() and os.path.samefile(out_dir, shipped)
+
+
+def _check_switchable(folder: Path) -> None:
+    """:class:`RefusedOutput` unless ``folder`` can be switched whole
+    (:func:`output.check_switchable`)."""
+    try:
+        output.check_switchable(folder)
+    except output.OutputError as error:
+        raise RefusedOutput(str(error)) from None
 
 
 def _recover(folder: Path) -> None:
@@ -217,7 +244,7 @@ def load_configs(paths: list[str | Path] | None = None,
             raise ConfigError(f"--config: 'name' must not be {config.name!r}: a generated "
                               "module of that name would shadow the module or backend it "
                               f"names (reserved: {', '.join(sorted(reserved))})")
-        if out_dir == GENERATED and shipped.get(config.name, config) != config:
+        if is_shipped_folder(out_dir) and shipped.get(config.name, config) != config:
             raise ConfigError(f"--config: 'name' {config.name!r} is a shipped config's, and "
                               "this config differs from it: writing it into the package's "
                               "generated/ would replace the shipped module; rename it or "
@@ -226,18 +253,19 @@ def load_configs(paths: list[str | Path] | None = None,
 
 
 def output_folder(out_dir: str | Path | None) -> Path:
-    """The folder to write: ``out_dir``, or the package's ``generated/`` when None."""
+    """The folder to write: ``out_dir``, or the package's ``generated/`` when None;
+    :class:`RefusedOutput` if no folder can be there (:func:`output.check_folder`), before
+    any work is done."""
     if out_dir is None:
         return GENERATED
     if str(out_dir).strip() == "":
         raise RefusedOutput("--out: expected a folder path, got an empty string (an unset "
                               "variable?); leave --out out to write the package's generated/")
     path = Path(out_dir)
-    if path.is_symlink() and not path.exists():
-        raise RefusedOutput(f"--out: expected a folder, got {str(path)!r}, a symbolic link "
-                              f"to the missing {os.readlink(path)!r}")
-    if path.exists() and not path.is_dir():
-        raise RefusedOutput(f"--out: expected a folder, got {str(path)!r}, which is a file")
+    try:
+        output.check_folder(path)
+    except output.OutputError as error:
+        raise RefusedOutput(str(error)) from None
     return path
 
 
@@ -247,8 +275,9 @@ def generate(paths: list[str | Path] | None = None, out_dir: str | Path | None =
     under ``out_dir`` (default: the package's ``generated/``), skipping the configs whose
     files are current; the files written. The Python API of ``curvgap generate``."""
     folder = output_folder(out_dir)
+    _check_switchable(folder)
     configs = load_configs(paths, folder)
-    _recover(folder)
+    _recover(real_folder(folder))
     changed = []
     for config in configs:
         if all(recorded_state(folder / relative_path(config, b), config, b) == "current"

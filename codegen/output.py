@@ -16,11 +16,12 @@ other file of the user's is ever moved).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -107,13 +108,86 @@ def switch(out: Path, files: dict[str, str]) -> None:
 
 
 def write_file(path: Path, text: str) -> None:
-    """Write one file whole or not at all: a flushed temporary beside it, then a rename."""
-    temporary = path.with_name(f".{path.name}.curvgap-new")
-    try:
+    """Write one file whole or not at all: a flushed temporary beside it, then a rename.
+    :class:`OutputError` if ``path`` is a symbolic link (never written through)."""
+    with replacing(path) as temporary:
         _write_durably(temporary, text)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix) for the caller to write; when the
+    block ends without error, it is flushed and renamed over ``path`` in one step, else
+    removed. :class:`OutputError` if ``path`` is a symbolic link (never written through) or
+    a folder."""
+    check_files(path.parent, [path.name])
+    temporary = path.with_name(f".{path.stem}.curvgap-new{path.suffix}")
+    try:
+        yield temporary
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def check_files(folder: Path, names: Iterable[str], option: str = "--out") -> None:
+    """:class:`OutputError` if a file ``folder/name`` to be written is a symbolic link
+    (curvgap never writes through one, nor replaces it unasked) or a folder."""
+    for name in names:
+        path = folder / name
+        if path.is_symlink():
+            raise OutputError(f"{option}: expected {str(path)!r} to be a file or absent, got a "
+                              f"symbolic link to {os.readlink(path)!r}; curvgap does not write "
+                              "through links: remove it or choose another folder")
+        if path.is_dir():
+            raise OutputError(f"{option}: expected {str(path)!r} to be a file or absent, got "
+                              "a folder; remove it or choose another folder")
+
+
+def check_folder(out: Path, option: str = "--out") -> None:
+    """:class:`OutputError` unless ``out`` is a folder, or a path where one can be made: a
+    file or a link to nothing there, a file on the way to it (``afile.txt/sub``) or a
+    folder on the way that cannot be written are refused, before any work is done."""
+    if out.is_symlink() and not out.exists():
+        raise OutputError(f"{option}: expected a folder, got {str(out)!r}, a symbolic link "
+                          f"to the missing {os.readlink(out)!r}")
+    if out.exists():
+        if not out.is_dir():
+            raise OutputError(f"{option}: expected a folder, got {str(out)!r}, which is a "
+                              "file")
+        return
+    existing = next(p for p in out.parents if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        what = "a file" if existing.exists() else "a symbolic link to nothing"
+        raise OutputError(f"{option}: expected a folder path, got {str(out)!r}, but "
+                          f"{str(existing)!r} is {what}: no folder can be made under it")
+    _check_writable(out, existing, option)
+
+
+def check_switchable(out: Path, option: str = "--out") -> None:
+    """:class:`OutputError` unless the folder ``out`` (checked by :func:`check_folder`) can
+    be switched whole, its new state made beside it and exchanged with it: not the current
+    folder or one above it (that would take the folder away from under this process), not
+    the root or a mount point, and the folder holding it writable."""
+    real = Path(os.path.realpath(out))
+    here = Path(os.getcwd())
+    if real == here or real in here.parents:
+        where = "the current folder" if real == here else "a folder above the current one"
+        raise OutputError(f"{option}: expected a folder of its own (generation replaces it "
+                          f"whole), got {str(out)!r}, {where} ({real}); name a folder for "
+                          "the generated files, such as --out generated-modules")
+    if real == real.parent or os.path.ismount(real):
+        raise OutputError(f"{option}: expected a folder that can be replaced whole, got "
+                          f"{str(out)!r}, a mount point ({real}); name a folder inside it")
+    if real.exists():
+        _check_writable(out, real.parent, option)
+
+
+def _check_writable(out: Path, folder: Path, option: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{option}: expected a folder that can be written, got "
+                          f"{str(out)!r}, but {str(folder)!r} cannot be written")
 
 
 def _copy_tree(source: Path, target: Path) -> None:

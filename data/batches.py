@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -239,11 +239,23 @@ def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
     return decorate
 
 
+def check_reiterable(batches: Any, what: str) -> None:
+    """``ValueError`` if ``batches`` can be iterated only once (an iterator, such as a
+    generator), where ``what`` passes over them several times."""
+    if isinstance(batches, Iterator):  # its iter() is itself: a second pass finds it spent
+        raise ValueError(f"X: expected batches that can be iterated several times (a "
+                         f"DataLoader, or a list of (X, T)), got a {type(batches).__name__}, "
+                         f"which can be iterated once: {what} passes over the dataset at "
+                         f"every product; pass list(...) of it, or a DataLoader")
+
+
 def takes_batches(method: Callable) -> Callable:
     """Let a method ``f(…, X, T, …)`` take a dataset's batches in place of ``X, T``
-    (``f(…, loader, …)``), passed on as ``X`` with the target ``None``."""
+    (``f(…, loader, …)``), passed on as ``X`` with the target ``None``; batches that can
+    be iterated only once are refused (the method keeps them for several passes)."""
 
     def over(batches: Any, bound: inspect.BoundArguments, target: str, args: tuple) -> Any:
+        check_reiterable(batches, method.__name__)
         bound.arguments["X"] = batches
         return method(*bound.args, **bound.kwargs)
 

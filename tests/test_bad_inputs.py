@@ -237,3 +237,35 @@ def test_half_precision_is_computed_in_float32(block_case):
             expected = (results[wide].astype(half) if backend == "numpy"
                         else results[wide].to(half))
             assert (results[half] == expected).all(), (function, half)
+
+
+def test_a_one_shot_iterator_is_refused_where_several_passes_are_needed():
+    """``hessian_operator`` keeps the batches and passes over them at every product (as
+    ``eigsh`` asks for many): a generator would be spent after the first."""
+    import curvgap
+
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.LayerNorm(4, dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.add_(torch.randn(4, generator=gen, dtype=torch.float64))
+    c = curvgap.curvature(layer)
+    X = torch.randn(6, 3, 4, generator=gen, dtype=torch.float64)
+    T = torch.randn(6, 3, 4, generator=gen, dtype=torch.float64)
+    batches = [(X[i:i + 2], T[i:i + 2]) for i in range(0, 6, 2)]
+    for one_shot, kind in (((b for b in batches), "generator"), (iter(batches), "list_iterator"),
+                           (map(tuple, batches), "map")):
+        with pytest.raises(ValueError, match=rf"X: expected batches that can be iterated several "
+                                             rf"times \(a DataLoader, or a list of \(X, T\)\), got "
+                                             rf"a {kind}, which can be iterated once: "
+                                             rf"hessian_operator passes over the dataset at every "
+                                             rf"product; pass list\(\.\.\.\) of it, or a DataLoader"):
+            c.hessian_operator(one_shot)
+    v = torch.randn(8, generator=gen, dtype=torch.float64)
+    expected = c.hvp(X, T, v)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, T), batch_size=2)
+    for reusable in (batches, loader):
+        operator = c.hessian_operator(reusable)
+        for _ in range(3):  # a pass at every product
+            assert torch.allclose(operator @ v, expected, rtol=1e-12, atol=1e-14)
+    # one pass over a generator is fine where one is all that is made
+    assert torch.allclose(c.hvp((b for b in batches), v), expected, rtol=1e-12, atol=1e-14)

@@ -7,6 +7,7 @@ against their dense autograd forms, on modules and on a real layer."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -150,7 +151,8 @@ def test_unstructured_blocks_are_refused_naming_the_structured_ones():
 
 
 def test_a_real_layers_structured_block_in_its_own_layout():
-    """``linear2.weight`` is ``W_2^T``: its block is ``B ⊗ A`` of the module's ``A ⊗ B``."""
+    """``linear2.weight`` in the layer's own layout ``(d, d_ff)``: its block is a Kronecker
+    product as the layer holds it; ``linear1.weight``'s (behind the ReLU) is not."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(6, 2, dim_feedforward=5, dropout=0.0,
                                              batch_first=True, norm_first=True,
@@ -167,11 +169,11 @@ def test_a_real_layers_structured_block_in_its_own_layout():
     assert relative(structured.to_dense(), H, H) <= 1e-10
     assert relative(structured.eigvalsh(), torch.linalg.eigvalsh(H), H) <= 1e-10
     with pytest.raises(ValueError, match=r"expected a block that is exactly a sum of Kronecker "
-                                         r"products in this layer \(\(linear2.weight, "
+                                         r"products in this module \(\(linear2.weight, "
                                          r"linear2.weight, 'gauss_newton'\), .*got "
                                          r"\(linear1.weight, linear1.weight, 'full'\)"):
         c.kronecker_block(X, T, "linear1.weight")
-    with pytest.raises(ValueError, match=r"wrt_i: expected a parameter that is one whole matrix"):
+    with pytest.raises(ValueError, match=r"got \(self_attn.in_proj_weight, "):
         c.kronecker_block(X, T, "self_attn.in_proj_weight")
 
 
@@ -187,3 +189,58 @@ def test_the_structured_blocks_of_each_shipped_config(config):
     expected = {(v, w, part) for v, w in STRUCTURED.get(config, [])
                 for part in ("gauss_newton", "full")}
     assert set(module.STRUCTURED) == expected
+
+
+def _block(name: str, block: str, dims: dict, part: str):
+    """The structured block of ``block`` and the same block of the dense autograd Hessian."""
+    module, params, X, T, names, dense = structured_case(name, "torch", dims)
+    sizes = [int(np.prod(np.shape(params[n]))) for n in names]
+    start = sum(sizes[:names.index(block)])
+    rows = slice(start, start + sizes[names.index(block)])
+    return kronecker_block(module, params, X, T, block, part=part), dense[part][rows, rows]
+
+
+def residual(H: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.norm(H @ x - b) / torch.linalg.norm(b))
+
+
+@pytest.mark.parametrize("part", ["full", "gauss_newton"])
+def test_solve_refuses_a_singular_block_and_takes_a_named_damping(part):
+    # B·L = 3·5 = 15 rows of activations for d_ff = 16: the factor of W_2 has rank 15 < 16
+    structured, H = _block("ffn", "W_2", {"L": 5, "d": 4, "d_k": 3, "d_ff": 16}, part)
+    n = H.shape[0]
+    limit = 1 / (n * torch.finfo(torch.float64).eps)
+    assert structured.condition() >= limit
+    b = torch.randn(n, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"solve: expected a block that is invertible in "
+                                         r"torch.float64, got A ⊗ B with condition number "
+                                         r"(\S+) \(A: \S+, B: \S+\), at or above 7.04e\+13 = "
+                                         r"1/\(p·q·eps\) where it is numerically singular: "
+                                         r"pass damping > 0 to solve") as error:
+        structured.solve(b)
+    assert float(str(error.value).split("condition number ")[1].split()[0]) >= limit
+    damping = 1e-3 * float(torch.linalg.eigvalsh(H)[-1])
+    x = structured.solve(b, damping=damping)
+    damped = H + damping * torch.eye(n, dtype=torch.float64)
+    assert residual(damped, x, b) < 1e-10
+    assert residual(damped, structured.solve(b[:, 0], damping=damping), b[:, 0]) < 1e-10
+
+
+def test_solve_of_a_well_conditioned_block_is_exact():
+    # B·L = 3·7 = 21 rows for d_ff = 5: invertible
+    structured, H = _block("ffn", "W_2", {"L": 7, "d": 4, "d_k": 3, "d_ff": 5}, "full")
+    assert structured.condition() < 1e8
+    b = torch.randn(H.shape[0], 3, generator=torch.Generator().manual_seed(1),
+                    dtype=torch.float64)
+    assert residual(H, structured.solve(b), b) < 1e-10
+    assert residual(structured.to_dense(), structured.solve(b), b) < 1e-12
+    x = structured.solve(b, damping=0.5)  # damped, through the factors' eigenvectors
+    assert residual(H + 0.5 * torch.eye(H.shape[0], dtype=torch.float64), x, b) < 1e-10
+
+
+@pytest.mark.parametrize("damping", [-1.0, float("nan"), float("inf"), True, "1e-3", None])
+def test_a_bad_damping_is_refused(damping):
+    structured, _ = _block("ffn", "W_2", {"L": 7, "d": 4, "d_k": 3, "d_ff": 5}, "full")
+    with pytest.raises(ValueError, match=rf"damping: expected a finite number >= 0, got "
+                                         rf"{re.escape(repr(damping))}"):
+        structured.solve(torch.ones(structured.shape[0], dtype=torch.float64), damping=damping)
