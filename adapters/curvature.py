@@ -19,9 +19,10 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -62,18 +63,32 @@ def _batch_first(module: torch.nn.Module) -> bool:
 
 @dataclass
 class _Read:
-    """A module read for one kind of inputs: its trace, what runs it (the generated module of
-    its one part, or the chain of its parts' modules), the module's name of each of the
-    runner's parameters, in the runner's order, and each part's prefix in the runner."""
+    """A module read for one kind of inputs: its trace, the module's name of each of the
+    runners' parameters (in their order), each part's prefix in a chain, and the runners made
+    so far by scope (:meth:`runner`)."""
 
     trace: Trace
-    runner: ModuleType | Chain
     names: dict[str, str]
     prefixes: list[str]
+    runners: dict[str, ModuleType | Chain] = field(default_factory=dict)
 
     @property
     def chained(self) -> bool:
-        return isinstance(self.runner, Chain)
+        return len(self.trace.programs) > 1
+
+    def runner(self, scope: str = "products") -> ModuleType | Chain:
+        """What computes this module's derivatives: the generated module of its one part, or
+        the chain of its parts' modules, derived for ``scope`` (``"products"``: loss,
+        gradient, HVP and GN products; ``"blocks"``: Hessian blocks, Jacobians, diagonals
+        too), generated on first use."""
+        if scope not in self.runners:
+            programs = [dataclasses.replace(p, scope=scope) for p in self.trace.programs]
+            if len(programs) == 1:
+                self.runners[scope] = module_for(programs[0])
+            else:
+                self.runners[scope] = Chain([(prefix[:-1], program) for prefix, program in
+                                             zip(self.prefixes, programs)])
+        return self.runners[scope]
 
 
 class Curvature:
@@ -132,13 +147,10 @@ class Curvature:
         start = time.perf_counter()
         traced = trace(self.traced, X, inputs, self.loss_name)
         programs, paths = traced.programs, traced.paths
-        if len(programs) == 1:
-            runner: ModuleType | Chain = module_for(programs[0])
-            prefixes = [""]
-        else:
-            prefixes = [f"{path or f'part{k}'}." for k, path in enumerate(paths)]
-            runner = Chain([(prefix[:-1], program) for prefix, program in
-                            zip(prefixes, programs)])
+        prefixes = ([""] if len(programs) == 1 else
+                    [f"{path or f'part{k}'}." for k, path in enumerate(paths)])
+        read = _Read(traced, {}, prefixes)
+        read.runner("products")
         names = {}
         for prefix, path, reading in zip(prefixes, paths, traced.readings):
             for name, source in reading.params.items():
@@ -150,7 +162,8 @@ class Curvature:
             print(f"curvgap: read {type(self.module).__name__} and generated its "
                   f"module{'s' if parts else ''}{parts} in {seconds:.1f} s (once per "
                   "architecture: cached on disk)", file=sys.stderr)
-        return _Read(traced, runner, names, prefixes)
+        read.names = names
+        return read
 
     def _source(self, name: str) -> str:
         """The module's name of a parameter of the traced module (the wrapper's prefix
@@ -229,14 +242,14 @@ class Curvature:
     def forward(self, X: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The module's (first) output, computed by the generated code."""
         X, _, read, params = self._prepared(X, None, inputs)
-        out = read.runner.forward(params, X)
+        out = read.runner().forward(params, X)
         return out.transpose(0, 1) if self.transposed else out
 
     @over_batches(state=lambda self: self.module)
     def loss(self, X: torch.Tensor, T: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The loss, averaged over the batch (a scalar)."""
         X, T, read, params = self._prepared(X, T, inputs)
-        return read.runner.loss(params, X, T)
+        return read.runner().loss(params, X, T)
 
     @over_batches(state=lambda self: self.module)
     def gradient(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
@@ -245,24 +258,24 @@ class Curvature:
         module's order; ``wrt="X"``: per sample, ``(B, n_X)``."""
         X, T, read, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return read.runner.gradient(params, X, T, wrt="X")
+            return read.runner().gradient(params, X, T, wrt="X")
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n)
         if read.chained:  # a chain gives every parameter's: the ones asked for taken out
-            return self._spread(read.runner.gradient(params, X, T), pieces, list(read.names))
-        return self._spread(read.runner.gradient(params, X, T, wrt=used), pieces, used)
+            return self._spread(read.runner().gradient(params, X, T), pieces, list(read.names))
+        return self._spread(read.runner().gradient(params, X, T, wrt=used), pieces, used)
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
         layout of ``wrt`` (a parameter name, or ``"X"``)."""
         X, _, read, params = self._prepared(X, None, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return read.runner.jacobian(params, X, "X")
+            return read.runner("blocks").jacobian(params, X, "X")
         pieces, used, n = self._selection(read, wrt)
-        blocks = [read.runner.jacobian(params, X, name) for name in used]
+        blocks = [read.runner("blocks").jacobian(params, X, name) for name in used]
         if not blocks:
-            outputs = read.runner.forward(params, X)[0].numel()
+            outputs = read.runner().forward(params, X)[0].numel()
             return X.new_zeros(X.shape[0], outputs, n)
         return self._spread(torch.cat(blocks, -1), pieces, used, axis=-1)
 
@@ -274,11 +287,11 @@ class Curvature:
         ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per sample ``(B, n_X, n_X)``."""
         X, T, read, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return read.runner.loss_hessian(params, X, T, wrt="X", part=part)
+            return read.runner("blocks").loss_hessian(params, X, T, wrt="X", part=part)
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n, n)
-        H = read.runner.loss_hessian(params, X, T, wrt=used, part=part)
+        H = read.runner("blocks").loss_hessian(params, X, T, wrt=used, part=part)
         return self._spread(self._spread(H, pieces, used, 0), pieces, used, 1)
 
     def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
@@ -287,7 +300,7 @@ class Curvature:
         ``(B, n_X, n)``, columns in the module's order."""
         X, T, read, params = self._prepared(X, T, inputs)
         pieces, used, n = self._selection(read, wrt)
-        H = read.runner.loss_hessian_mixed(params, X, T, wrt=used, part=part)
+        H = read.runner("blocks").loss_hessian_mixed(params, X, T, wrt=used, part=part)
         return self._spread(H, pieces, used, -1)
 
     @over_batches(state=lambda self: self.module)
@@ -306,7 +319,7 @@ class Curvature:
 
     def _product(self, kind: str, X: Any, T: Any, v: Any, wrt: Any, inputs: dict) -> Any:
         X, T, read, params = self._prepared(X, T, inputs)
-        product = getattr(read.runner, kind)
+        product = getattr(read.runner(), kind)
         if isinstance(wrt, str) and wrt == "X":
             return product(params, X, T, _tensor(v, X), wrt="X")
         pieces, used, n = self._selection(read, wrt)
@@ -327,12 +340,12 @@ class Curvature:
         order; ``wrt="X"``: per sample ``(B, n_X)``."""
         X, T, read, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return read.runner.diagonal(params, X, T, wrt="X", part=part)
+            return read.runner("blocks").diagonal(params, X, T, wrt="X", part=part)
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n)
-        return self._spread(read.runner.diagonal(params, X, T, wrt=used, part=part), pieces,
-                            used)
+        values = read.runner("blocks").diagonal(params, X, T, wrt=used, part=part)
+        return self._spread(values, pieces, used)
 
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
                         wrt_j: str | None = None, part: str = "full",
@@ -345,7 +358,7 @@ class Curvature:
         ours = {self._source(s): n for n, s in read.names.items()}
         first = ours.get(wrt_i)
         second = ours.get(wrt_i if wrt_j is None else wrt_j)
-        module = read.runner
+        module = read.runner("blocks")
         if read.chained or first is None or second is None or (
                 first, second, part) not in module.STRUCTURED:
             blocks = ([] if read.chained else
@@ -375,13 +388,13 @@ class Curvature:
         params = {k: v.clone() for k, v in params.items()}  # the weights of now
         pieces = self._pieces(read, names)
         used = self._used(read, pieces)
-        read.runner.loss(params, X_, T_)  # checks X and T now, not at the first product
+        read.runner().loss(params, X_, T_)  # checks X and T now, not at the first product
 
         def product(kind: str):
             def multiply(V: torch.Tensor) -> torch.Tensor:
                 if not used:
                     return torch.zeros_like(V)
-                out = getattr(read.runner, kind)(params, X_, T_, self._gather(V, pieces, used),
+                out = getattr(read.runner(), kind)(params, X_, T_, self._gather(V, pieces, used),
                                                  wrt=used)
                 return self._spread(out, pieces, used)
             return multiply

@@ -615,27 +615,25 @@ class Reader:
     # -- selections: slices, indices, concatenations --------------------------------------------
     def _select(self, key: str, value: Value, dim: int, details: tuple, out_extent) -> Value:
         """``value`` along ``dim`` multiplied by a selection table ``S[out, in]`` (the new
-        tensor named after ``key``)."""
+        tensor named after ``key``); a ``pick`` of one index drops the dimension."""
         dim = dim % len(value.dims)
         source = self.leaf_dims(value)[dim]
-        dims = list(value.dims)
-        if out_extent == 1 and details[0] == "pick":
-            out_dim: list[Size] = []
-        else:
-            out_dim = self.size((key, "selected"), out_extent).leaves()
-        table_dims = [[Axis(s) for s in out_dim], [Axis(a.size.root()) for a in source]]
-        table = self.table("select", table_dims, details)
+        pick = details[0] == "pick"
+        out_dim = [] if pick else self.size((key, "selected"), out_extent).leaves()
+        table = self.table("select", [[Axis(s) for s in out_dim],
+                                      [Axis(a.size.root()) for a in source]], details)
         sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
         sizes[dim] = out_dim
         labels = self.out_labels(sizes)
         inner = [self.label() for _ in source]
-        value_labels = [list(dim) for dim in labels]
+        value_labels = [list(d) for d in labels]
         value_labels[dim] = inner
-        dims = sizes
         coeff, base = self.scaled(value)
-        return self.emit(dims, labels, [(coeff, [self.operand(base, value_labels),
-                                                 self.operand(table, [labels[dim], inner])])],
-                         key)
+        terms = [(coeff, [self.operand(base, value_labels),
+                          self.operand(table, [labels[dim], inner])])]
+        if pick:  # the picked dimension is gone
+            sizes, labels = sizes[:dim] + sizes[dim + 1:], labels[:dim] + labels[dim + 1:]
+        return self.emit(sizes, labels, terms, key)
 
     @reads(aten.slice.Tensor)
     def _read_slice(self, node, source, dim=0, start=None, end=None, step=1) -> Value:
@@ -678,6 +676,14 @@ class Reader:
                                     extent))
             start += extent
         return tuple(out)
+
+    @reads(aten.unbind.int)
+    def _read_unbind(self, node, source, dim=0) -> tuple:
+        value = self.value(source)
+        full = self.leaf_dims(value)[dim % len(value.dims)]
+        count = int(sp.Mul(*[a.extent for a in full])) if full else 1
+        return tuple(self._select(f"{node.name}_{k}", value, dim, ("pick", k), 1)
+                     for k in range(count))
 
     @reads(aten.cat.default)
     def _read_cat(self, node, sources, dim=0) -> Value:
@@ -1004,14 +1010,9 @@ class Reader:
                               "no padding, no dilation, one group)")
         out_shape = self.shape_of(node)
         # split each image axis into (patches, kernel)
+        image = [regroup(self.leaf_dims(x_value)[k], [out_shape[k], kernel[k - 2]])
+                 for k in (2, 3)]  # each image axis as (patches, kernel)
         leaves = self.leaf_dims(x_value)
-        image = []
-        for k in (2, 3):
-            (axis,) = leaves[k] if len(leaves[k]) == 1 else (None,)
-            if axis is None:
-                raise self.refuse("image axes of one factor each")
-            grouped = regroup([axis], [out_shape[k], kernel[k - 2]])
-            image.append(grouped)
         w_leaves = self.leaf_dims(w_value)
         align([a.size for a in leaves[1]], [a.size for a in w_leaves[1]])
         align([image[0][1][0].size], [a.size for a in w_leaves[2]])
@@ -1211,7 +1212,8 @@ class Reader:
         operands = [self.operand(weights, batch_labels[0] + [rows, keys]),
                     self.operand(vv, batch_labels[1] + [keys, f])]
         if attn_mask is not None:
-            operands.append(self.operand(kept, batch_labels[2] + [rows, []]))
+            query_dim = rows if self.leaf_dims(kept)[-2] else []  # a mask broadcast over rows
+            operands.append(self.operand(kept, batch_labels[2] + [query_dim, []]))
         return self.emit(out_sizes, labels + [rows, f], [(cv, operands)], node.name)
 
     # -- the program -----------------------------------------------------------------------------

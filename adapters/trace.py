@@ -9,9 +9,11 @@ leave free).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+import unittest.mock
 import warnings
 from dataclasses import dataclass
 
@@ -70,10 +72,24 @@ def _dynamic(X: torch.Tensor, kwargs: dict) -> tuple:
     return (free, *kw.values())  # the positional input, then each keyword's
 
 
+@contextlib.contextmanager
+def _no_kernel_hints():
+    """torch's ``TransformerEncoder`` looks at a mask's values to tell whether it is causal,
+    only to choose a kernel (the result is the same either way), which no trace can follow:
+    traced, the mask is taken as it is."""
+    from torch.nn.modules import transformer
+
+    def detect(mask, is_causal=None, size=None):
+        return is_causal is True
+
+    with unittest.mock.patch.object(transformer, "_detect_is_causal_mask", detect):
+        yield
+
+
 def export(module: torch.nn.Module, X: torch.Tensor, kwargs: dict) -> torch.export.ExportedProgram:
     """``torch.export`` of ``module`` on ``X`` and ``kwargs`` with the batch (and sequence)
     free; where the module fixes them, at the sizes given."""
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), _no_kernel_hints():
         warnings.simplefilter("ignore")
         try:
             return torch.export.export(module, (X,), kwargs, dynamic_shapes=_dynamic(X, kwargs),

@@ -107,6 +107,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         title=title, description=description, config_name=der.config.name,
         summaries={f.group: summary(der, f.group, f.writes) for f in functions},
         backend=backend.name, loss=der.config.loss,
+        scope=der.config.scope if isinstance(der.config, Program) else "all",
         params=[(p.name, shape(p)) for p in der.params],
         constants=[(c.name, shape(c)) for c in constants],
         batched_constants=[c.name for c in constants if c.batched],

@@ -217,7 +217,9 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
 
 def derive(config: Config | Program) -> Derivation:
     """Every group of assignments that the generated modules of ``config`` (or of a program
-    read from a module) need."""
+    read from a module) need. A program's ``scope`` may leave some out: ``"products"`` the
+    blocks (first-order tangents, Jacobians, loss-Hessian blocks, diagonals, Kronecker
+    factors) and the output Hessians, ``"blocks"`` the output Hessians."""
     g = Graph()
     external: dict[str, tuple[str, ...]] = {}
     with g.group("forward"):
@@ -232,8 +234,10 @@ def derive(config: Config | Program) -> Derivation:
     der = Derivation(config, g, X, target, Z, ell, params, guards, external)
     der.groups["forward"] = Group("forward", ())
     der.groups["loss"] = Group("loss", ("forward",))
-    tangents = _first_order(der)
-    _output_hessians(der, tangents)
+    scope = config.scope if isinstance(config, Program) else "all"
+    tangents = _first_order(der) if scope != "products" else {}
+    if scope == "all":
+        _output_hessians(der, tangents)
     # the loss's adjoints first (down to ∂ℓ/∂Z), then the network's: a Gauss–Newton
     # product reads the first and not the second
     with der.add_group("loss_adjoints", ("loss",)):
@@ -241,7 +245,8 @@ def derive(config: Config | Program) -> Derivation:
         adjoints = calculus.propagate_adjoints(g, g.in_group("loss"), ell, seed)
     with der.add_group("adjoints", ("loss_adjoints",)):
         adjoints |= calculus.propagate_adjoints(g, g.in_group("forward"), Z, adjoints[Z.name])
-    _loss_hessians(der, tangents, adjoints)
+    if scope != "products":
+        _loss_hessians(der, tangents, adjoints)
     _gradients(der, adjoints)
     _hessian_vector_products(der, adjoints)
     output_tangent = _joint_directions(der, adjoints)

@@ -95,6 +95,10 @@ class Program:
     #: ``(tensor, scale, message)``: every entry of ``tensor`` must be positive relative to
     #: ``scale`` (a normalisation with ``eps = 0``)
     guards: tuple[tuple[str, str, str], ...] = ()
+    #: what is derived: ``"products"`` (loss, gradient, Hessian- and Gauss–Newton-vector
+    #: products, the pieces chains compose) or ``"blocks"`` (those and the Jacobians,
+    #: loss-Hessian blocks, diagonals and Kronecker factors)
+    scope: str = "blocks"
 
     @property
     def fingerprint(self) -> str:
