@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from .curvature import Curvature
-from .layers import UnsupportedLayer
-from .reader import UnsupportedOperation
+from .reader import UnsupportedLayer, UnsupportedOperation
 
 
 def curvature(module: torch.nn.Module, loss: str = "mse") -> Curvature:

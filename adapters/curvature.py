@@ -20,6 +20,7 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,21 +36,7 @@ from ..models import Chain
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
-from .trace import Trace, constants, signature, trace
-
-
-class _Transposed(torch.nn.Module):
-    """A module taking ``(L, B, ...)`` seen as one taking ``(B, L, ...)`` (its output
-    likewise)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, X: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        out = self.module(X.transpose(0, 1), *args, **kwargs)
-        first = out[0] if isinstance(out, tuple) else out
-        return first.transpose(0, 1)
+from .trace import Call, Trace, constants, signature, trace
 
 
 def _batch_first(module: torch.nn.Module) -> bool:
@@ -104,48 +91,54 @@ class Curvature:
         if loss not in allowed:
             raise ValueError(f"loss: expected one of {allowed}, got {loss!r}")
         self.module, self.loss_name = module, loss
-        self.transposed = not _batch_first(module)
-        self.traced = _Transposed(module) if self.transposed else module
+        self.batch_dim = 0 if _batch_first(module) else 1
         self.names = [name for name, _ in module.named_parameters()]
         self._reads: dict[tuple, _Read] = {}
         self._fingerprint = fingerprint(module)
 
     # -- reading the module ----------------------------------------------------------------------
     def _prepared(self, X: Any, T: Any, inputs: dict) -> tuple:
-        """``X`` and ``T`` checked (the batch first), the module read for this kind of inputs
-        (traced on first use), and the parameters and constants its runner takes."""
+        """``X`` and ``T`` checked and laid out batch first, the module read for this kind of
+        inputs (traced on first use), and the parameters and constants its runner takes. ``X``
+        is ``None`` when the input is given by keyword (``inputs_embeds=``)."""
+        keyword = None
+        if X is None and "inputs_embeds" in inputs:
+            keyword, inputs = "inputs_embeds", dict(inputs)
+            X = inputs.pop("inputs_embeds")
         if not isinstance(X, torch.Tensor):
-            raise TypeError(f"X: expected a torch.Tensor (the module's first input) or a "
-                            f"dataset's batches of (X, T), got {type(X).__name__}")
+            raise TypeError(f"X: expected a torch.Tensor (the module's first input; or None "
+                            f"with inputs_embeds=...) or a dataset's batches of (X, T), got "
+                            f"{type(X).__name__}")
         if not X.is_floating_point():
-            raise TypeError(f"X: expected a floating-point tensor, got dtype {X.dtype}")
-        batch = 1 if self.transposed else 0
-        if X.ndim < 2 or X.shape[batch] < 1:
-            raise ValueError(f"X: expected a batch of samples (the batch along dimension "
-                             f"{batch}), got shape {tuple(X.shape)}")
+            raise TypeError(f"X: expected a floating-point tensor (the input the derivatives "
+                            f"are taken through), got dtype {X.dtype}")
+        if X.ndim < 2 or X.shape[self.batch_dim] < 1:
+            raise ValueError(f"X: expected a batch of samples along dimension "
+                             f"{self.batch_dim}, got shape {tuple(X.shape)}")
         current = fingerprint(self.module)
         if current != self._fingerprint:  # the module changed: read it again
             self._reads.clear()
             self._fingerprint = current
-        if self.transposed:
-            X = X.transpose(0, 1)
-            if isinstance(T, torch.Tensor) and T.ndim >= 2:
-                T = T.transpose(0, 1)
-        key = signature(X, inputs)
+        call = Call(keyword, self.batch_dim)
+        key = signature(call, X, inputs)
         if key not in self._reads or not _fits(self._reads[key].trace, X):
-            self._reads[key] = self._read(X, inputs)
+            self._reads[key] = self._read(call, X, inputs)
         read = self._reads[key]
-        dims = _dims(read.trace, X)
-        values = constants(read.trace, self.traced, X, inputs, dims)
-        params = {name: self.traced.get_parameter(source).detach()
+        values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
+        params = {name: self.module.get_parameter(source).detach()
                   for name, source in read.names.items()}
         for prefix, part in zip(read.prefixes, values):
             params.update({f"{prefix}{name}": value for name, value in part.items()})
+        if self.batch_dim:
+            X = X.movedim(self.batch_dim, 0)
+        batch = read.trace.readings[-1].batch_dim
+        if isinstance(T, torch.Tensor) and batch and T.ndim > batch:
+            T = T.movedim(batch, 0)
         return X, T, read, params
 
-    def _read(self, X: torch.Tensor, inputs: dict) -> _Read:
+    def _read(self, call: Call, X: torch.Tensor, inputs: dict) -> _Read:
         start = time.perf_counter()
-        traced = trace(self.traced, X, inputs, self.loss_name)
+        traced = trace(self.module, call, X, inputs, self.loss_name)
         programs, paths = traced.programs, traced.paths
         prefixes = ([""] if len(programs) == 1 else
                     [f"{path or f'part{k}'}." for k, path in enumerate(paths)])
@@ -164,11 +157,6 @@ class Curvature:
                   "architecture: cached on disk)", file=sys.stderr)
         read.names = names
         return read
-
-    def _source(self, name: str) -> str:
-        """The module's name of a parameter of the traced module (the wrapper's prefix
-        dropped)."""
-        return name.removeprefix("module.") if self.transposed else name
 
     # -- parameters in the module's order -------------------------------------------------------
     def _wrt(self, wrt: Any) -> list[str]:
@@ -190,7 +178,7 @@ class Curvature:
     def _pieces(self, read: _Read, names: list[str]) -> list[tuple[str, str | None, int]]:
         """Per module parameter of ``names`` (in order): its name, the runner's name for it
         (``None``: the output does not depend on it) and its number of entries."""
-        ours = {self._source(source): name for name, source in read.names.items()}
+        ours = {source: name for name, source in read.names.items()}
         return [(n, ours.get(n), self.module.get_parameter(n).numel()) for n in names]
 
     @staticmethod
@@ -243,7 +231,7 @@ class Curvature:
         """The module's (first) output, computed by the generated code."""
         X, _, read, params = self._prepared(X, None, inputs)
         out = read.runner().forward(params, X)
-        return out.transpose(0, 1) if self.transposed else out
+        return out.movedim(0, read.trace.readings[-1].batch_dim)
 
     @over_batches(state=lambda self: self.module)
     def loss(self, X: torch.Tensor, T: torch.Tensor, **inputs: Any) -> torch.Tensor:
@@ -355,14 +343,14 @@ class Curvature:
         exactly such a sum for this module (a single part's weight matrices, each read
         whole)."""
         X, T, read, params = self._prepared(X, T, inputs)
-        ours = {self._source(s): n for n, s in read.names.items()}
+        ours = {s: n for n, s in read.names.items()}
         first = ours.get(wrt_i)
         second = ours.get(wrt_i if wrt_j is None else wrt_j)
         module = read.runner("blocks")
         if read.chained or first is None or second is None or (
                 first, second, part) not in module.STRUCTURED:
             blocks = ([] if read.chained else
-                      [f"({self._source(read.names[v])}, {self._source(read.names[w])}, {p!r})"
+                      [f"({read.names[v]}, {read.names[w]}, {p!r})"
                        for v, w, p in module.STRUCTURED])
             raise ValueError(f"wrt_i, wrt_j: expected a block that is exactly a sum of "
                              f"Kronecker products in this module ({', '.join(blocks) or 'none'}"
@@ -402,6 +390,25 @@ class Curvature:
         return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,
                                  X.dtype, X.device)
 
+    def latex(self, X: torch.Tensor, part: str | None = None, **inputs: Any) -> str:
+        """The LaTeX document of what curvgap derived for this module with these inputs
+        (every node of its forward pass, its first and second derivatives, the loss Hessian's
+        blocks and the Hessian-vector products, in index form). For a model read as a chain
+        of parts, the document of ``part`` (a block's path such as ``"layers.0"``; default the
+        first block, or the first part)."""
+        from ..codegen.backends.latex import document
+
+        _, _, read, _ = self._prepared(X, None, inputs)
+        paths = read.trace.paths
+        if part is None:
+            part = next((p for p in paths if p), paths[0])
+        if part not in paths:
+            raise ValueError(f"part: expected one of the module's parts {paths}, got {part!r}")
+        program = read.trace.programs[paths.index(part)]
+        name = _identifier(f"{type(self.module).__name__}_{part}" if part else
+                           type(self.module).__name__)
+        return document(dataclasses.replace(program, name=name, scope="blocks"))
+
     def layer_slices(self, wrt: Any = None) -> dict[str, slice]:
         """Where each of the module's parameters (``wrt``, default all) lies in the rows of
         ``loss_hessian`` and ``gradient``: name → slice."""
@@ -411,6 +418,11 @@ class Curvature:
             slices[name] = slice(offset, offset + size)
             offset += size
         return slices
+
+
+def _identifier(name: str) -> str:
+    """``name`` as a Python identifier (it names a document)."""
+    return re.sub(r"\W", "_", name)
 
 
 def _tensor(v: Any, X: torch.Tensor) -> torch.Tensor:
@@ -428,8 +440,7 @@ def _fits(traced: Trace, X: torch.Tensor) -> bool:
 def _dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:
     """Each part's sizes for this ``X``: the fixed ones and those bound at call time (the
     trace's symbols, valued from ``X``'s shape)."""
-    placeholder = next(n for n in traced.exported.graph.nodes
-                       if n.name == traced.exported.graph_signature.user_inputs[0])
+    placeholder = next(n for n in traced.exported.graph.nodes if n.name == traced.X)
     values = {}
     for extent, size in zip(placeholder.meta["val"].shape, X.shape):
         if isinstance(extent, torch.SymInt):

@@ -39,7 +39,7 @@ def _block_of(node: torch.fx.Node) -> str:
 
 
 def cut(graph: torch.fx.Graph, differentiable: set[str], X: str, params: dict[str, str],
-        output: torch.fx.Node) -> list[Source]:
+        output: torch.fx.Node, batch_dim: int = 0) -> list[Source]:
     """The graph's differentiable nodes in parts (see the module docstring), each as a
     :class:`Source`; one part when the graph has no blocks."""
     nodes = [n for n in graph.nodes if n.op == "call_function" and n.name in differentiable]
@@ -51,7 +51,8 @@ def cut(graph: torch.fx.Graph, differentiable: set[str], X: str, params: dict[st
         else:
             parts.append(Part(block, [node]))
     parts = _merged(parts, X, params, output)
-    return [_source(graph, part, k, parts, X, params, output) for k, part in enumerate(parts)]
+    return [_source(graph, part, k, parts, X, params, output, batch_dim)
+            for k, part in enumerate(parts)]
 
 
 def _inputs(part: Part, X: str, params: dict[str, str]) -> set[str]:
@@ -100,12 +101,12 @@ def _merged(parts: list[Part], X: str, params: dict[str, str],
 
 
 def _source(graph: torch.fx.Graph, part: Part, k: int, parts: list[Part], X: str,
-            params: dict[str, str], output: torch.fx.Node) -> Source:
+            params: dict[str, str], output: torch.fx.Node, batch_dim: int) -> Source:
     """One part as a graph of its own: its input (``X`` or the previous part's output) and
     what it reads besides (parameters, constants) as placeholders, its last node the
     output."""
     if len(parts) == 1:
-        return Source(graph, params, X, output, "")
+        return Source(graph, params, X, output, "", batch_dim)
     sub = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     own = {n.name for n in part.nodes}
@@ -120,17 +121,34 @@ def _source(graph: torch.fx.Graph, part: Part, k: int, parts: list[Part], X: str
     position = {node: k for k, node in enumerate(graph.nodes)}
     outside.sort(key=position.get)  # parameters in the module's order
     for arg in outside:
-        placeholder = sub.placeholder(arg.name)
+        placeholder = sub.placeholder(arg.name)  # fx may rename it (``input`` → ``input_1``)
         placeholder.meta = dict(arg.meta)
         env[arg] = placeholder
         if arg.name in params:
-            part_params[arg.name] = params[arg.name].removeprefix(prefix)
+            part_params[placeholder.name] = params[arg.name].removeprefix(prefix)
     for node in part.nodes:
         env[node] = sub.node_copy(node, lambda n: env[n])
     last = env[part.nodes[-1]]
     sub.output((last,))
-    if source_name not in {a.name for a in outside}:  # a part that ignores its input
+    original = next(n for n in graph.nodes if n.name == source_name)
+    if original in env:
+        input_name = env[original].name
+    else:  # a part that ignores its input
         with sub.inserting_before(next(iter(sub.nodes))):
             placeholder = sub.placeholder(source_name)
-        placeholder.meta = dict(next(n for n in graph.nodes if n.name == source_name).meta)
-    return Source(sub, part_params, source_name, last, part.path)
+        placeholder.meta = dict(original.meta)
+        input_name = placeholder.name
+    return Source(sub, part_params, input_name, last, part.path,
+                  _batch_dim(graph, source_name, X, batch_dim))
+
+
+def _batch_dim(graph: torch.fx.Graph, name: str, X: str, batch_dim: int) -> int:
+    """Where the batch lies in a part's input: ``X``'s own, or for an inner part the
+    dimension of its input that has ``X``'s batch size (symbol)."""
+    if name == X or batch_dim == 0:
+        return batch_dim
+    nodes = {n.name: n for n in graph.nodes}
+    batch = nodes[X].meta["val"].shape[batch_dim]
+    shape = nodes[name].meta["val"].shape
+    matches = [k for k, e in enumerate(shape) if str(e) == str(batch)]
+    return matches[0] if len(matches) == 1 else batch_dim

@@ -29,13 +29,16 @@ import torch
 from ..derivations.functions import sigmoid, softplus, x
 from ..derivations.program import Input, Op, Operand, Program, Term
 from .axes import Axis, Changes, ShapeError, Size, align, extent_of, regroup
-from .layers import UnsupportedLayer
 
 aten = torch.ops.aten
 
 
+class UnsupportedLayer(ValueError):
+    """The module does something curvgap does not represent; nothing is approximated."""
+
+
 class UnsupportedOperation(UnsupportedLayer):
-    """A traced operation curvgap does not represent (nothing is approximated)."""
+    """A traced operation curvgap does not represent, named with its submodule's path."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class Reading:
     params: dict[str, str]  # program name -> module parameter name
     #: the sizes bound at call time, by name: the symbols of the trace they stand for
     symbols: dict[str, sp.Expr] = field(default_factory=dict)
+    #: where the output holds the batch (the program's output has it first)
+    batch_dim: int = 0
 
 
 def _identifier(name: str) -> str:
@@ -184,6 +189,7 @@ class Source:
     X: str
     output: torch.fx.Node
     root: str = ""
+    batch_dim: int = 0  # where X holds its batch
 
 
 class Reader:
@@ -334,11 +340,12 @@ class Reader:
                 raise UnsupportedOperation(f"X: expected a floating-point tensor as the "
                                            f"module's first input, got {meta!r}")
             dims = self.fresh(tuple(meta.shape), node.name)
-            if len(dims) < 2 or not dims[0]:
-                raise UnsupportedOperation(f"X: expected a batch (B, ...) of at least two "
-                                           f"samples to read the module with, got shape "
-                                           f"{tuple(meta.shape)}")
-            self.batch = dims[0][0].size
+            at = self.source.batch_dim
+            if len(dims) < 2 or not dims[at]:
+                raise UnsupportedOperation(f"X: expected a batch of at least two samples "
+                                           f"along dimension {at} to read the module with, "
+                                           f"got shape {tuple(meta.shape)}")
+            self.batch = dims[at][0].size
             value = Value(dims, "X", [a for dim in dims for a in dim])
             self.inputs["X"] = ("input", value)
             self._tensor_axes["X"] = value.axes
@@ -1148,11 +1155,12 @@ class Reader:
         if len(Q.dims) < 2 or len(K.dims) != len(Q.dims) or len(V.dims) != len(Q.dims):
             raise self.refuse("queries, keys and values of equal rank")
         if enable_gqa and len(Q.dims) >= 3:
-            (qh,), (kh,) = self.leaf_dims(Q)[-3], self.leaf_dims(K)[-3]
-            ratio = int(qh.extent) // int(kh.extent)
-            if ratio > 1:
+            qh, kh = self.leaf_dims(Q)[-3], self.leaf_dims(K)[-3]
+            ratio = (int(sp.Mul(*[a.extent for a in qh]))
+                     // int(sp.Mul(*[a.extent for a in kh])))
+            if ratio > 1:  # query head (kv head, member of its group)
                 shared = self.size((node.name, "gqa"), ratio)
-                align([qh.size], [kh.size, shared])
+                align([a.size for a in qh], [a.size for a in kh] + [shared])
                 K = self._with_dims(K, K.dims[:-3] + [K.dims[-3] + [Axis(shared)]]
                                     + K.dims[-2:])
                 V = self._with_dims(V, V.dims[:-3] + [V.dims[-3] + [Axis(shared)]]
@@ -1221,10 +1229,12 @@ class Reader:
         """The program of this pass: sizes named, inputs, operations and output written out."""
         output = self.held(output)
         leaves = self.leaf_dims(output)
-        if not leaves or not leaves[0] or not self.is_batch(leaves[0][0]) or len(leaves[0]) > 1:
-            raise UnsupportedOperation("the module's output: expected the batch as its first "
-                                       "dimension")
-        wanted = [a for dim in leaves[1:] for a in dim]
+        batch = [k for k, dim in enumerate(leaves) if any(self.is_batch(a) for a in dim)]
+        if len(batch) != 1 or len(leaves[batch[0]]) != 1:
+            raise UnsupportedOperation(f"{self.root or 'the module'}'s output: expected the "
+                                       "batch as a dimension of its own")
+        at = batch[0]
+        wanted = [a for k, dim in enumerate(leaves) if k != at for a in dim]
         if [id(a) for a in wanted] != [id(a) for a in self.axes_of(output.tensor)]:
             sizes = [[a.size.root() for a in dim] for dim in leaves]
             labels = self.out_labels(sizes)
@@ -1283,7 +1293,7 @@ class Reader:
         constants = tuple(renamed(item(n)) for n in inputs if self.inputs[n][0] == "constant")
         out = Input(tensor[output.tensor],
                     tuple(named(a.size) for a in self.axes_of(output.tensor)),
-                    shape(leaves[1:]), True)
+                    shape(leaves[:at] + leaves[at + 1:]), True)
         bound = {name for dim in X.shape for name in dim
                  if not isinstance(self._extent_named(name, names), int)}
         sizes = tuple((name, None if name in bound else self._extent_named(name, names))
@@ -1305,7 +1315,7 @@ class Reader:
         symbols = {name: size.extent for size, name in names.items()
                    if not isinstance(size.extent, int)}
         return Reading(program, recipes, {tensor[n]: source for n, source in
-                                          self.params.items() if n in read}, symbols)
+                                          self.params.items() if n in read}, symbols, at)
 
     @staticmethod
     def _extent_named(name: str, names: dict[Size, str]) -> int | sp.Expr:

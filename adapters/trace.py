@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
 from ..derivations.program import Program
@@ -38,7 +39,7 @@ class Trace:
     readings: list[Reading]
     paths: list[str]
     constants: torch.fx.GraphModule | None
-    spec: pytree.TreeSpec
+    X: str  # the placeholder of the input
     fixed: tuple
     seconds: float
 
@@ -47,29 +48,48 @@ class Trace:
         return [reading.program for reading in self.readings]
 
 
-def _leaves(X: torch.Tensor, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
-    return pytree.tree_flatten(((X,), kwargs))
+@dataclass(frozen=True)
+class Call:
+    """How the module takes its input ``X``: positionally first, or as the keyword
+    ``keyword`` (a Hugging Face model's ``inputs_embeds``), with its batch along
+    ``batch_dim``."""
+
+    keyword: str | None = None
+    batch_dim: int = 0
+
+    def arguments(self, X: torch.Tensor, kwargs: dict) -> tuple[tuple, dict]:
+        """The positional and keyword arguments of the module's call."""
+        if self.keyword is None:
+            return (X,), dict(kwargs)
+        return (), {self.keyword: X, **kwargs}
 
 
-def signature(X: torch.Tensor, kwargs: dict) -> tuple:
-    """What a trace depends on besides the module: the structure of the inputs, each tensor's
-    dtype, rank and device type (Python values as they are)."""
-    leaves, spec = _leaves(X, kwargs)
+def _leaves(call: Call, X: torch.Tensor, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
+    return pytree.tree_flatten(call.arguments(X, kwargs))
+
+
+def signature(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
+    """What a trace depends on besides the module: how it is called, the structure of the
+    inputs, each tensor's dtype, rank and device type (Python values as they are)."""
+    leaves, spec = _leaves(call, X, kwargs)
     kinds = tuple((str(v.dtype), v.ndim, v.device.type) if isinstance(v, torch.Tensor)
                   else ("value", repr(v)) for v in leaves)
-    return (str(spec), kinds)
+    return (call, str(spec), kinds)
 
 
-def _dynamic(X: torch.Tensor, kwargs: dict) -> tuple:
+def _dynamic(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
     """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free,
-    every keyword tensor's dimensions left for the export to relate."""
+    every other tensor's dimensions left for the export to relate."""
     auto = torch.export.Dim.AUTO
-    free = {0: torch.export.Dim.DYNAMIC}
+    free = {call.batch_dim: torch.export.Dim.DYNAMIC}
     if X.ndim == 3:
-        free[1] = torch.export.Dim.DYNAMIC
-    kw = pytree.tree_map(lambda v: {k: auto for k in range(v.ndim)}
-                         if isinstance(v, torch.Tensor) else None, kwargs)
-    return (free, *kw.values())  # the positional input, then each keyword's
+        free[1 - call.batch_dim] = torch.export.Dim.DYNAMIC
+    args, kw = call.arguments(X, kwargs)
+    specs = pytree.tree_map(lambda v: {k: auto for k in range(v.ndim)}
+                            if isinstance(v, torch.Tensor) else None, kw)
+    if call.keyword is not None:
+        specs[call.keyword] = free
+    return ((free,) if args else ()) + tuple(specs.values())
 
 
 @contextlib.contextmanager
@@ -86,19 +106,21 @@ def _no_kernel_hints():
         yield
 
 
-def export(module: torch.nn.Module, X: torch.Tensor, kwargs: dict) -> torch.export.ExportedProgram:
+def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
+           kwargs: dict) -> torch.export.ExportedProgram:
     """``torch.export`` of ``module`` on ``X`` and ``kwargs`` with the batch (and sequence)
     free; where the module fixes them, at the sizes given."""
+    args, kw = call.arguments(X, kwargs)
     with warnings.catch_warnings(), torch.no_grad(), _no_kernel_hints():
         warnings.simplefilter("ignore")
         try:
-            return torch.export.export(module, (X,), kwargs, dynamic_shapes=_dynamic(X, kwargs),
-                                       strict=False)
+            return torch.export.export(module, args, kw,
+                                       dynamic_shapes=_dynamic(call, X, kwargs), strict=False)
         except Exception as first:  # noqa: BLE001 - the module fixes a size: export as given
             if _DEBUG:
                 print(f"curvgap: dynamic export failed: {first}", file=sys.stderr)
             try:
-                return torch.export.export(module, (X,), kwargs, strict=False)
+                return torch.export.export(module, args, kw, strict=False)
             except Exception as error:
                 raise UnsupportedOperation(
                     f"{type(module).__name__}: torch.export could not trace its forward with "
@@ -106,11 +128,12 @@ def export(module: torch.nn.Module, X: torch.Tensor, kwargs: dict) -> torch.expo
                     "curvgap reads a module's computation from its trace") from None
 
 
-def trace(module: torch.nn.Module, X: torch.Tensor, kwargs: dict, loss: str) -> Trace:
+def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
+          loss: str) -> Trace:
     """Export ``module`` with these inputs, cut its graph into parts and read each (the last
     with ``loss``, the others with the linear loss a chain passes cotangents with)."""
     start = time.perf_counter()
-    exported = export(module, X, kwargs)
+    exported = export(module, call, X, kwargs)
     signature = exported.graph_signature
     graph = exported.graph
     kinds = torch.export.graph_signature.OutputKind
@@ -125,13 +148,14 @@ def trace(module: torch.nn.Module, X: torch.Tensor, kwargs: dict, loss: str) -> 
     main = next((a for a in user if isinstance(a, torch.fx.Node)
                  and isinstance(a.meta.get("val"), torch.Tensor)), None)
     params = dict(signature.inputs_to_parameters)
-    X_name = signature.user_inputs[0]
+    X_name = (signature.user_inputs[0] if call.keyword is None else
+              next(n for n in signature.user_inputs if n == call.keyword))
     live = differentiable(graph, {X_name, *params})
     if main is None or main.name not in live:
         raise UnsupportedOperation(f"{type(module).__name__}: expected its first output to be "
                                    "a tensor that depends on X or on the parameters")
     live &= _ancestors(main)
-    sources = cut(graph, live, X_name, params, main)
+    sources = cut(graph, live, X_name, params, main, call.batch_dim)
     readings = []
     for k, source in enumerate(sources):
         title = _title(module, source.root)
@@ -141,7 +165,7 @@ def trace(module: torch.nn.Module, X: torch.Tensor, kwargs: dict, loss: str) -> 
                   for e in next(n for n in graph.nodes if n.name == X_name).meta["val"].shape)
     constants = [c for reading in readings for c in reading.constants]
     return Trace(exported, readings, [s.root for s in sources],
-                 _constant_graph(exported, constants), _leaves(X, kwargs)[1], fixed,
+                 _constant_graph(exported, constants), X_name, fixed,
                  time.perf_counter() - start)
 
 
@@ -191,17 +215,21 @@ def _constant_graph(exported: torch.export.ExportedProgram,
 
 
 def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module,
-                 X: torch.Tensor, kwargs: dict) -> list:
+                 call: Call, X: torch.Tensor, kwargs: dict) -> list:
     """The values of every placeholder of the exported graph for this call: parameters and
     buffers read from the module now, lifted constants, and the call's inputs."""
     signature = exported.graph_signature
-    user = dict(zip(signature.user_inputs, _leaves(X, kwargs)[0]))
+    args, kw = call.arguments(X, kwargs)
+    flat = fx_pytree.tree_flatten_spec((args, kw), exported.call_spec.in_spec)
+    kinds = torch.export.graph_signature.InputKind
+    user = dict(zip([s.arg.name for s in signature.input_specs if s.kind == kinds.USER_INPUT],
+                    flat))
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     values = []
     for spec in signature.input_specs:
         name = spec.arg.name
-        if name in user:
+        if spec.kind == kinds.USER_INPUT:
             values.append(user[name])
         elif spec.target in params:
             values.append(params[spec.target].detach())
@@ -212,14 +240,14 @@ def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module
     return values
 
 
-def constants(trace: Trace, module: torch.nn.Module, X: torch.Tensor, kwargs: dict,
-              dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
+def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor,
+              kwargs: dict, dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
     """Each part's constants for this call (``dims``: each part's sizes), laid out as the
     generated code takes them (the batch first), in ``X``'s dtype and on its device."""
     computed: dict[str, torch.Tensor] = {}
     if trace.constants is not None:
         with torch.no_grad():
-            values = trace.constants(*placeholders(trace.exported, module, X, kwargs))
+            values = trace.constants(*placeholders(trace.exported, module, call, X, kwargs))
         nodes = dict.fromkeys(c.node for reading in trace.readings
                               for c in reading.constants if c.kind == "node")
         computed = dict(zip(nodes, values))

@@ -179,6 +179,13 @@ def _rebound(signature: inspect.Signature, args: tuple, kwargs: dict
     X = args[at] if len(args) > at else kwargs.get("X")
     if not is_batches(X):
         return None
+    if isinstance(X, list | tuple) and X and not (
+            isinstance(X[0], tuple | list) and len(X[0]) == 2
+            and isinstance(X[0][0], torch.Tensor | np.ndarray)):
+        raise TypeError(f"X: expected a tensor (the module's input) or a dataset's batches of "
+                        f"(X, T) pairs of tensors, got a {type(X).__name__} of "
+                        f"{type(X[0]).__name__} (nested lists of numbers? convert them with "
+                        "torch.tensor)")
     if target in kwargs:
         raise TypeError(f"{target}: expected none with a loader of (X, T) batches (each "
                         f"batch carries its own), got one")

@@ -4,12 +4,42 @@ differences of its gradient. Nothing here calls curvgap."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
+
+
+class _Float64Inside(TorchFunctionMode):
+    """Casts to float32 of float64 tensors on the path from ``X`` and the parameters (an
+    RMSNorm's upcast, an eager softmax's ``dtype=torch.float32``) kept in float64: a module's
+    float64 twin. What the module computes apart from that path (rotary tables from
+    positions, masks) is left as it runs, in float32 where the module makes it so."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is not None and first.dtype == torch.float64 and first.requires_grad:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32:
+                kwargs["dtype"] = torch.float64
+            if func is torch.Tensor.float:
+                return first
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def float64_twin(active: bool = True) -> Iterator[None]:
+    """Run a module as its float64 twin (see :class:`_Float64Inside`) when ``active``."""
+    if not active:
+        yield
+        return
+    with _Float64Inside():
+        yield
 
 
 def main_output(out: Any) -> torch.Tensor:
@@ -36,22 +66,31 @@ class Reference:
     module's order (``wrt`` names a subset)."""
 
     def __init__(self, module: torch.nn.Module, X: torch.Tensor, T: torch.Tensor,
-                 loss: str = "mse", wrt: list[str] | None = None, **inputs: Any) -> None:
-        self.module, self.X, self.T, self.inputs = module, X, T, inputs
+                 loss: str = "mse", wrt: list[str] | None = None, twin: bool = False,
+                 **inputs: Any) -> None:
+        # the input on the path too (its float32 casts are the twin's to keep in float64)
+        def marked(value: Any) -> Any:
+            return (value.detach().requires_grad_(True)
+                    if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
+
+        if "inputs_embeds" in inputs:
+            inputs = {**inputs, "inputs_embeds": marked(inputs["inputs_embeds"])}
+        self.module, self.X, self.T, self.inputs = module, marked(X), T, inputs
+        self.twin = twin
         self.loss_fn = losses(loss)
         named = dict(module.named_parameters())
         self.names = wrt or list(named)
         self.params = [named[n] for n in self.names]
 
     def output(self, X: torch.Tensor | None = None) -> torch.Tensor:
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
             return main_output(self.module(self.X if X is None else X, **self.inputs))
 
     def loss(self) -> torch.Tensor:
         return self.loss_fn(self.output(), self.T)
 
     def _gradient(self, create_graph: bool) -> torch.Tensor:
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
             grads = torch.autograd.grad(self.loss(), self.params, create_graph=create_graph,
                                         allow_unused=True, materialize_grads=True)
         return torch.cat([g.reshape(-1) for g in grads])
@@ -61,7 +100,7 @@ class Reference:
 
     def hessian(self) -> torch.Tensor:
         """Each row the gradient of one gradient entry (reverse over reverse)."""
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
             flat = self._gradient(True)
             rows = []
             for k in range(flat.numel()):
@@ -74,11 +113,29 @@ class Reference:
         return torch.stack(rows).detach()
 
     def hvp(self, v: torch.Tensor) -> torch.Tensor:
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
             flat = self._gradient(True)
             grads = torch.autograd.grad(flat @ v, self.params, allow_unused=True,
                                         materialize_grads=True)
         return torch.cat([g.reshape(-1) for g in grads]).detach()
+
+    def gnvp(self, v: torch.Tensor) -> torch.Tensor:
+        """``J^T (∂²ℓ/∂Z²) J v`` by reverse mode only: ``J v`` as the derivative of
+        ``(J^T g) · v`` in a dummy ``g``, the loss's curvature along it by double backward,
+        then ``J^T`` by one more backward pass."""
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
+            Z = main_output(self.module(self.X, **self.inputs))
+            g = torch.zeros_like(Z, requires_grad=True)
+            grads = torch.autograd.grad(Z, self.params, g, create_graph=True,
+                                        allow_unused=True, materialize_grads=True)
+            flat = torch.cat([x.reshape(-1) for x in grads])
+            (Jv,) = torch.autograd.grad(flat @ v, g)
+            out = Z.detach().requires_grad_(True)
+            (dZ,) = torch.autograd.grad(self.loss_fn(out, self.T), out, create_graph=True)
+            (HJv,) = torch.autograd.grad(dZ, out, Jv)
+            grads = torch.autograd.grad(Z, self.params, HJv, allow_unused=True,
+                                        materialize_grads=True)
+        return torch.cat([x.reshape(-1) for x in grads]).detach()
 
     def gradient_fd(self, v: torch.Tensor, step: float = 1e-5) -> torch.Tensor:
         """``H v`` by central differences of the gradient along ``v``."""

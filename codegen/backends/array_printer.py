@@ -9,11 +9,16 @@ module and spells its axis arguments, permutations and transposes.
 
 from __future__ import annotations
 
+import functools
+
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
 from ...derivations.functions import PRINTABLE
 from .. import calls, ir
+
+#: Placeholders of an elementwise statement's names (no generated name contains them).
+_RESULT, _ARGUMENT = "RESULTxPLACEHOLDER", "ARGUMENTxPLACEHOLDER"
 
 
 class ArrayPrinter(PythonCodePrinter):
@@ -67,10 +72,16 @@ class ArrayPrinter(PythonCodePrinter):
     def _print_Elementwise(self, node: ir.Elementwise) -> str:
         """``result = fn(argument)``, its repeated subexpressions (a ``tanh`` that a GELU's
         derivatives read four times) computed once (SymPy's ``cse``) and freed after."""
-        body = node.fn.subs(node.variable, sp.Symbol(node.argument))
-        shared, (reduced,) = sp.cse(body, symbols=sp.numbered_symbols(f"{node.result}_"))
+        text = self._elementwise_text(node.fn, node.variable)
+        return text.replace(_RESULT, node.result).replace(_ARGUMENT, node.argument)
+
+    @functools.cache  # noqa: B019 - one printer per module; its functions recur
+    def _elementwise_text(self, fn: sp.Expr, variable: sp.Symbol) -> str:
+        """The lines of an elementwise function, for the placeholder names below."""
+        shared, (reduced,) = sp.cse(fn.subs(variable, sp.Symbol(_ARGUMENT)),
+                                    symbols=sp.numbered_symbols(f"{_RESULT}_"))
         lines = [f"{s} = {self._print(e)}" for s, e in shared]
-        lines.append(f"{node.result} = {self._print(reduced)}")
+        lines.append(f"{_RESULT} = {self._print(reduced)}")
         if shared:
             lines.append(f"del {', '.join(str(s) for s, _ in shared)}")
         return "\n".join(lines)

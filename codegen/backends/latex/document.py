@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from ....derivations import matrixform as mf
+from ....derivations.config import Config
 from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
 from ....derivations.indexform import Index
@@ -296,7 +297,8 @@ def document_context(der: Derivation, backend: Backend) -> dict:
     sections = [_architecture(der, builder), _first_derivatives(der, builder),
                 _second_derivatives(der, builder), _gradient(der, builder),
                 _loss_hessian(der, builder)]
-    if der.config.kind == "block" and der.config.norm_position == "post":
+    if (isinstance(der.config, Config) and der.config.kind == "block"
+            and der.config.norm_position == "post"):
         sections.append(_paper_objects(der, notation, backend.printer))
     sections.append(_hessian_vector_products(der, builder))
     title, description = describe(der.config)

@@ -1,0 +1,272 @@
+"""The layers and models users study, built from their libraries' config classes with random
+nonzero weights (float64, eval mode), at sizes where ``L``, ``d``, ``d_k`` and ``d_ff`` all
+differ: ``L = 5``, ``d = 8``, two heads (``d_k = 4``), ``d_ff = 12``, a batch of 2.
+
+Each :class:`Case` says how to call the module (``X``, keyword inputs such as masks), its
+loss and target, and whether the library computes in float32 inside a float64 module (then
+the reference is the module's float64 twin, :func:`reference.float64_twin`, and the module
+itself agrees to 1e-5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from conftest import extra_module, import_timm
+from reference import randomise
+
+B, L, D, HEADS, D_FF = 2, 5, 8, 2, 12
+DTYPE = torch.float64
+
+
+@dataclass
+class Case:
+    module: torch.nn.Module
+    X: torch.Tensor | None
+    T: torch.Tensor
+    inputs: dict[str, Any] = field(default_factory=dict)
+    loss: str = "mse"
+    float32_inside: bool = False
+
+    @property
+    def reference_X(self) -> torch.Tensor | None:
+        return self.X
+
+
+def _rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, L, D, generator=generator, dtype=DTYPE),
+            torch.randn(B, L, D, generator=generator, dtype=DTYPE))
+
+
+def _padding() -> torch.Tensor:
+    """A padding mask (1 keep, 0 pad): the first sample's last two positions padded."""
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[0, -2:] = 0
+    return mask
+
+
+def encoder_layer(norm_first: bool = False, activation: str = "relu",
+                  batch_first: bool = True, mask: str = "") -> Case:
+    torch.manual_seed(0)
+    layer = randomise(torch.nn.TransformerEncoderLayer(
+        D, HEADS, D_FF, activation=activation, norm_first=norm_first, batch_first=batch_first,
+        dtype=DTYPE))
+    X, T = _rows()
+    inputs: dict[str, Any] = {}
+    if mask == "causal":
+        inputs = {"src_mask": torch.nn.Transformer.generate_square_subsequent_mask(
+            L, dtype=DTYPE), "is_causal": True}
+    elif mask == "padding":
+        inputs = {"src_key_padding_mask": _padding() == 0}
+    if not batch_first:
+        X, T = X.transpose(0, 1).contiguous(), T.transpose(0, 1).contiguous()
+    return Case(layer, X, T, inputs)
+
+
+def encoder(mask: bool = False) -> Case:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, batch_first=True, dtype=DTYPE)
+    model = randomise(torch.nn.TransformerEncoder(
+        layer, 2, norm=torch.nn.LayerNorm(D, dtype=DTYPE), enable_nested_tensor=False))
+    X, T = _rows()
+    inputs = ({"mask": torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=DTYPE)}
+              if mask else {})
+    return Case(model, X, T, inputs)
+
+
+class SelfAttention(torch.nn.Module):
+    """``nn.MultiheadAttention`` used as self-attention, its output only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(D, HEADS, batch_first=True, dtype=DTYPE)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.attn(x, x, x, attn_mask=attn_mask, need_weights=False)[0]
+
+
+def multihead_attention(mask: bool = False) -> Case:
+    torch.manual_seed(0)
+    X, T = _rows()
+    inputs = ({"attn_mask": torch.nn.Transformer.generate_square_subsequent_mask(
+        L, dtype=DTYPE)} if mask else {})
+    return Case(randomise(SelfAttention()), X, T, inputs)
+
+
+def _hf(module_path: str, cls: str, config: str, **options: Any) -> tuple[Any, Any]:
+    """A transformers class and a config with ``options``."""
+    transformers = extra_module("transformers")
+    module = __import__(f"transformers.models.{module_path}", fromlist=[cls])
+    return getattr(module, cls), getattr(transformers, config)(**options)
+
+
+def bert_layer() -> Case:
+    cls, config = _hf("bert.modeling_bert", "BertLayer", "BertConfig", hidden_size=D,
+                      num_attention_heads=HEADS, intermediate_size=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows())
+
+
+def roberta_layer() -> Case:
+    cls, config = _hf("roberta.modeling_roberta", "RobertaLayer", "RobertaConfig",
+                      hidden_size=D, num_attention_heads=HEADS, intermediate_size=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows())
+
+
+def bert_model(mask: bool = True) -> Case:
+    cls, config = _hf("bert.modeling_bert", "BertModel", "BertConfig", hidden_size=D,
+                      num_attention_heads=HEADS, intermediate_size=D_FF, num_hidden_layers=2,
+                      vocab_size=30, max_position_embeddings=16)
+    model = randomise(cls(config, add_pooling_layer=False).to(DTYPE))
+    X, T = _rows()
+    inputs: dict[str, Any] = {"inputs_embeds": X}
+    if mask:
+        inputs["attention_mask"] = _padding()
+    return Case(model, None, T, inputs)
+
+
+def distilbert_block() -> Case:
+    cls, config = _hf("distilbert.modeling_distilbert", "TransformerBlock", "DistilBertConfig",
+                      dim=D, n_heads=HEADS, hidden_dim=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows())
+
+
+def vit_layer() -> Case:
+    cls, config = _hf("vit.modeling_vit", "ViTLayer", "ViTConfig", hidden_size=D,
+                      num_attention_heads=HEADS, intermediate_size=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows(), float32_inside=True)
+
+
+def vit_model() -> Case:
+    cls, config = _hf("vit.modeling_vit", "ViTModel", "ViTConfig", hidden_size=D,
+                      num_attention_heads=HEADS, intermediate_size=D_FF, image_size=8,
+                      patch_size=4, num_channels=3, num_hidden_layers=2)
+    config._attn_implementation = "sdpa"
+    model = randomise(cls(config, add_pooling_layer=False).to(DTYPE))
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(B, 3, 8, 8, generator=generator, dtype=DTYPE)
+    return Case(model, images, torch.randn(B, 5, D, generator=generator, dtype=DTYPE))
+
+
+def clip_layer() -> Case:
+    cls, config = _hf("clip.modeling_clip", "CLIPEncoderLayer", "CLIPVisionConfig",
+                      hidden_size=D, num_attention_heads=HEADS, intermediate_size=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows(),
+                {"attention_mask": None, "causal_attention_mask": None}, float32_inside=True)
+
+
+def opt_layer() -> Case:
+    cls, config = _hf("opt.modeling_opt", "OPTDecoderLayer", "OPTConfig", hidden_size=D,
+                      num_attention_heads=HEADS, ffn_dim=D_FF, word_embed_proj_dim=D)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows(), float32_inside=True)
+
+
+def gpt2_block() -> Case:
+    cls, config = _hf("gpt2.modeling_gpt2", "GPT2Block", "GPT2Config", n_embd=D, n_head=HEADS,
+                      n_inner=D_FF)
+    return Case(randomise(cls(config).to(DTYPE)), *_rows())
+
+
+def gpt2_model(mask: bool = True) -> Case:
+    cls, config = _hf("gpt2.modeling_gpt2", "GPT2Model", "GPT2Config", n_embd=D, n_head=HEADS,
+                      n_inner=D_FF, n_layer=2, n_positions=16)
+    model = randomise(cls(config).to(DTYPE))
+    X, T = _rows()
+    inputs: dict[str, Any] = {"inputs_embeds": X, "use_cache": False}
+    if mask:
+        left = torch.ones(B, L, dtype=torch.long)
+        left[0, :2] = 0  # left padding
+        inputs["attention_mask"] = left
+    return Case(model, None, T, inputs)
+
+
+def _rotary(cls_path: str, cls: str, config: Any, X: torch.Tensor) -> tuple:
+    module = __import__(f"transformers.models.{cls_path}", fromlist=[cls])
+    rotary = getattr(module, cls)(config).to(DTYPE)
+    cos, sin = rotary(X, torch.arange(L)[None].expand(B, L))
+    return cos.to(DTYPE), sin.to(DTYPE)
+
+
+def llama_layer() -> Case:
+    cls, config = _hf("llama.modeling_llama", "LlamaDecoderLayer", "LlamaConfig",
+                      hidden_size=D, num_attention_heads=2 * HEADS, num_key_value_heads=HEADS,
+                      intermediate_size=D_FF, rope_theta=500.0, attention_bias=True)
+    X, T = _rows()
+    tables = _rotary("llama.modeling_llama", "LlamaRotaryEmbedding", config, X)
+    return Case(randomise(cls(config, layer_idx=0).to(DTYPE)), X, T,
+                {"position_embeddings": tables}, float32_inside=True)
+
+
+def llama_model(mask: bool = True) -> Case:
+    cls, config = _hf("llama.modeling_llama", "LlamaModel", "LlamaConfig", hidden_size=D,
+                      num_attention_heads=2 * HEADS, num_key_value_heads=HEADS,
+                      intermediate_size=D_FF, num_hidden_layers=2, vocab_size=30,
+                      rope_theta=500.0)
+    X, T = _rows()
+    inputs: dict[str, Any] = {"inputs_embeds": X, "use_cache": False}
+    if mask:
+        inputs["attention_mask"] = _padding()
+    return Case(randomise(cls(config).to(DTYPE)), None, T, inputs, float32_inside=True)
+
+
+def mistral_layer() -> Case:
+    cls, config = _hf("mistral.modeling_mistral", "MistralDecoderLayer", "MistralConfig",
+                      hidden_size=D, num_attention_heads=2 * HEADS, num_key_value_heads=HEADS,
+                      intermediate_size=D_FF, head_dim=4)
+    X, T = _rows()
+    tables = _rotary("mistral.modeling_mistral", "MistralRotaryEmbedding", config, X)
+    return Case(randomise(cls(config, layer_idx=0).to(DTYPE)), X, T,
+                {"position_embeddings": tables}, float32_inside=True)
+
+
+def timm_block() -> Case:
+    import_timm()
+    from timm.models.vision_transformer import Block
+
+    torch.manual_seed(0)
+    block = Block(D, HEADS, mlp_ratio=D_FF / D, qkv_bias=True).to(DTYPE)
+    return Case(randomise(block), *_rows())
+
+
+def timm_vit() -> Case:
+    import_timm()
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=8, patch_size=4, in_chans=3, num_classes=5, embed_dim=D,
+                            depth=2, num_heads=HEADS, mlp_ratio=D_FF / D).to(DTYPE)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(B, 3, 8, 8, generator=generator, dtype=DTYPE)
+    labels = torch.randint(0, 5, (B,), generator=generator)
+    return Case(randomise(vit), images, labels, loss="cross_entropy")
+
+
+#: Every family, by name: ``name -> builder``.
+FAMILIES: dict[str, Callable[[], Case]] = {
+    "TransformerEncoderLayer post-LN ReLU": lambda: encoder_layer(),
+    "TransformerEncoderLayer pre-LN GELU": lambda: encoder_layer(True, "gelu"),
+    "TransformerEncoderLayer batch_first=False": lambda: encoder_layer(batch_first=False),
+    "TransformerEncoderLayer causal mask": lambda: encoder_layer(mask="causal"),
+    "TransformerEncoderLayer padding mask": lambda: encoder_layer(mask="padding"),
+    "TransformerEncoder": lambda: encoder(),
+    "TransformerEncoder mask": lambda: encoder(mask=True),
+    "MultiheadAttention": lambda: multihead_attention(),
+    "MultiheadAttention attn_mask": lambda: multihead_attention(mask=True),
+    "BertLayer": bert_layer,
+    "BertModel attention_mask": bert_model,
+    "RobertaLayer": roberta_layer,
+    "DistilBERT TransformerBlock": distilbert_block,
+    "ViTLayer": vit_layer,
+    "ViTModel": vit_model,
+    "CLIPEncoderLayer": clip_layer,
+    "OPTDecoderLayer": opt_layer,
+    "GPT2Block": gpt2_block,
+    "GPT2Model attention_mask": gpt2_model,
+    "LlamaDecoderLayer": llama_layer,
+    "LlamaModel attention_mask": llama_model,
+    "MistralDecoderLayer": mistral_layer,
+    "timm Block": timm_block,
+    "timm VisionTransformer": timm_vit,
+}

@@ -1,0 +1,61 @@
+"""``curvgap.curvature`` on the layers and models users study (:mod:`families`), read from
+their computation: forward, loss, gradient, Hessian-vector and Gauss–Newton-vector products
+and the loss Hessian against reverse-over-reverse autograd on the module itself (MATH
+attention kernel; its float64 twin where the library computes in float32 inside, the module
+itself then within 1e-5), backed by finite differences of the gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from families import FAMILIES
+from reference import Reference, relative
+
+import curvgap
+
+#: The families of the default run; the slow run takes every one.
+QUICK = ("TransformerEncoderLayer padding mask", "GPT2Model attention_mask",
+         "LlamaDecoderLayer")
+#: Families whose whole loss Hessian is checked in the default run too.
+QUICK_HESSIAN = ("TransformerEncoderLayer padding mask",)
+
+
+def _cases(names=None):
+    return [pytest.param(name, marks=() if name in (names or QUICK) else pytest.mark.slow)
+            for name in FAMILIES]
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_agrees_with_autograd(name):
+    case = FAMILIES[name]()
+    c = curvgap.curvature(case.module, case.loss)
+    ref = Reference(case.module, case.X, case.T, case.loss, twin=case.float32_inside,
+                    **case.inputs)
+    out = c.forward(case.X, **case.inputs)
+    assert relative(out, ref.output().detach()) <= 1e-10
+    if case.float32_inside:  # the module as it runs, float32 inside
+        own = Reference(case.module, case.X, case.T, case.loss, **case.inputs)
+        assert relative(out, own.output().detach()) <= 1e-5
+        assert relative(c.gradient(case.X, case.T, **case.inputs), own.gradient()) <= 1e-5
+    assert relative(c.loss(case.X, case.T, **case.inputs), ref.loss().detach()) <= 1e-10
+    gradient = ref.gradient()
+    assert relative(c.gradient(case.X, case.T, **case.inputs), gradient) <= 1e-10
+    generator = torch.Generator().manual_seed(1)
+    V = torch.randn(gradient.numel(), 2, generator=generator, dtype=gradient.dtype)
+    products = c.hvp(case.X, case.T, V, **case.inputs)
+    for k in range(2):
+        reference = ref.hvp(V[:, k])
+        assert relative(products[:, k], reference) <= 1e-10
+        assert relative(products[:, k], ref.gradient_fd(V[:, k])) <= 1e-6
+    assert relative(c.gnvp(case.X, case.T, V[:, 0], **case.inputs), ref.gnvp(V[:, 0])) <= 1e-10
+
+
+@pytest.mark.parametrize("name", _cases(QUICK_HESSIAN))
+def test_loss_hessian_agrees_with_autograd(name):
+    case = FAMILIES[name]()
+    c = curvgap.curvature(case.module, case.loss)
+    ref = Reference(case.module, case.X, case.T, case.loss, twin=case.float32_inside,
+                    **case.inputs)
+    H = ref.hessian()
+    assert relative(c.loss_hessian(case.X, case.T, **case.inputs), H) <= 1e-10
+    assert relative(c.diagonal(case.X, case.T, **case.inputs), torch.diagonal(H)) <= 1e-10

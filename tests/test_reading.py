@@ -1,0 +1,225 @@
+"""Reading a module's computation: blocks of one's own architecture, the module's own order and
+layout, what a curvature object does when its module changes, repeated blocks derived once,
+refusals that name the operation and its path, the axes a reshape splits."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import sympy as sp
+import torch
+from families import D_FF, DTYPE, HEADS, D, encoder_layer, gpt2_model
+from reference import Reference, randomise, relative
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import curvgap
+from curvgap.adapters import UnsupportedLayer
+from curvgap.adapters.axes import Axis, ShapeError, Size, align, regroup
+
+
+class DifferentialAttention(torch.nn.Module):
+    """``(softmax(Q₁K₁ᵀ/√d_k) − λ softmax(Q₂K₂ᵀ/√d_k)) V``: one head of differential
+    attention, written as a user would."""
+
+    def __init__(self, d: int, d_k: int) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(d, 2 * d_k, bias=False)
+        self.k = torch.nn.Linear(d, 2 * d_k, bias=False)
+        self.v = torch.nn.Linear(d, d, bias=False)
+        self.lam = torch.nn.Parameter(torch.tensor(0.5))
+        self.d_k = d_k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q1, q2 = self.q(x).chunk(2, dim=-1)
+        k1, k2 = self.k(x).chunk(2, dim=-1)
+        a1 = torch.softmax(q1 @ k1.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
+        a2 = torch.softmax(q2 @ k2.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
+        return (a1 - self.lam * a2) @ self.v(x)
+
+
+class GatedResidual(torch.nn.Module):
+    """``x + σ(x W_g + b_g) ∘ f(x)`` with ``f`` a ReLU MLP."""
+
+    def __init__(self, d: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(d, d)
+        self.f = torch.nn.Sequential(torch.nn.Linear(d, d_ff), torch.nn.ReLU(),
+                                     torch.nn.Linear(d_ff, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.sigmoid(self.gate(x)) * self.f(x)
+
+
+def rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 5, D, generator=generator, dtype=DTYPE) for _ in range(2))
+
+
+@pytest.mark.parametrize("block", [DifferentialAttention(D, 3), GatedResidual(D, D_FF)],
+                         ids=["differential attention", "gated residual"])
+def test_a_block_no_library_ships_is_derived_exactly(block, tmp_path):
+    module = randomise(block.to(DTYPE))
+    X, T = rows()
+    c = curvgap.curvature(module)
+    ref = Reference(module, X, T)
+    gradient = c.gradient(X, T)
+    assert relative(gradient, ref.gradient()) <= 1e-10
+    v = torch.randn_like(gradient)
+    assert relative(c.hvp(X, T, v), ref.hvp(v)) <= 1e-10
+    assert relative(c.loss_hessian(X, T), ref.hessian()) <= 1e-10
+    tex = c.latex(X)
+    assert r"\begin{document}" in tex and "softmax" in tex.lower()
+    if shutil.which("pdflatex"):
+        (tmp_path / "block.tex").write_text(tex)
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                               "block.tex"], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_results_follow_the_modules_order_and_layout():
+    """Rows in ``named_parameters`` order, each parameter's entries in its own row-major
+    layout; ``wrt`` picks blocks by the module's names (in the module's order)."""
+    case = encoder_layer()
+    c = curvgap.curvature(case.module)
+    names = ["linear2.weight", "self_attn.in_proj_weight"]
+    ref = Reference(case.module, case.X, case.T, wrt=names[::-1])
+    assert relative(c.gradient(case.X, case.T, wrt=names), ref.gradient()) <= 1e-10
+    assert relative(c.loss_hessian(case.X, case.T, wrt=names), ref.hessian()) <= 1e-10
+    slices = c.layer_slices()
+    assert list(slices) == [n for n, _ in case.module.named_parameters()]
+    weight = case.module.linear1.weight
+    J = c.jacobian(case.X, "linear1.weight")
+    reference = torch.autograd.functional.jacobian(
+        lambda w: torch.func.functional_call(case.module, {"linear1.weight": w}, (case.X,)),
+        weight.detach())  # (B, L, d, d_ff, d): the weight's own layout
+    assert J.shape == (2, 5 * D, weight.numel())
+    assert relative(J, reference.reshape(J.shape)) <= 1e-10
+
+
+def test_input_blocks_are_per_sample():
+    case = encoder_layer(True, "gelu")
+    c = curvgap.curvature(case.module)
+    X, T = case.X, case.T
+    H = c.loss_hessian(X, T, wrt="X")
+    for b in range(X.shape[0]):
+        def loss(x, b=b):
+            out = case.module(x.reshape(1, *X.shape[1:]))
+            return torch.nn.functional.mse_loss(out, T[b:b + 1])
+        with sdpa_kernel(SDPBackend.MATH):  # the kernel with second derivatives
+            reference = torch.autograd.functional.hessian(loss, X[b].reshape(-1))
+        assert relative(H[b], reference) <= 1e-10
+    mixed = c.loss_hessian_mixed(X, T, wrt="linear2.bias")
+    assert mixed.shape == (X.shape[0], X[0].numel(), D)
+
+
+def test_weights_are_read_at_call_time_and_a_changed_module_is_read_again():
+    case = encoder_layer()
+    module, X, T = case.module, case.X, case.T
+    c = curvgap.curvature(module)
+    c.gradient(X, T)
+    with torch.no_grad():
+        module.linear1.weight.mul_(1.5)
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    module.activation = torch.nn.functional.gelu  # another computation: read again
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    module.norm_first = True
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    module.linear1 = torch.nn.Linear(D, 7, dtype=DTYPE)
+    module.linear2 = torch.nn.Linear(7, D, dtype=DTYPE)
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    module.train()  # dropout 0.1, random: refused, naming where
+    with pytest.raises(UnsupportedLayer, match=r"dropout.*training mode.*module.eval\(\)"):
+        c.gradient(X, T)
+
+
+def test_a_hessian_operator_keeps_the_weights_it_was_built_with():
+    case = encoder_layer()
+    c = curvgap.curvature(case.module)
+    operator = c.hessian_operator(case.X, case.T)
+    v = torch.randn(operator.shape[0], dtype=DTYPE)
+    before = operator @ v
+    with torch.no_grad():
+        case.module.linear1.weight.mul_(2.0)
+    assert torch.equal(operator @ v, before)
+
+
+def test_repeated_blocks_are_derived_once():
+    """A 4-layer encoder is two programs whatever its depth: the blocks under the linear
+    loss that passes cotangents down, and the top one under the model's loss."""
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, batch_first=True, dtype=DTYPE)
+    model = randomise(torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False))
+    X, T = rows()
+    c = curvgap.curvature(model)
+    assert relative(c.gradient(X, T), Reference(model, X, T).gradient()) <= 1e-10
+    (read,) = c._reads.values()
+    assert read.trace.paths == [f"layers.{k}" for k in range(4)]
+    assert len({p.fingerprint for p in read.trace.programs}) == 2
+
+
+def test_parameters_the_output_does_not_read_have_exact_zeros():
+    """GPT-2 on ``inputs_embeds`` never reads its token table ``wte``, nor the rows of
+    ``wpe`` past the input's length."""
+    case = gpt2_model(mask=False)
+    c = curvgap.curvature(case.module)
+    gradient = c.gradient(case.X, case.T, **case.inputs)
+    slices = c.layer_slices()
+    assert torch.count_nonzero(gradient[slices["wte.weight"]]) == 0
+    position = gradient[slices["wpe.weight"]].reshape(-1, D)
+    assert torch.count_nonzero(position[5:]) == 0 and torch.count_nonzero(position[:5]) > 0
+    H = c.loss_hessian(case.X, case.T, wrt=["wpe.weight", "h.1.mlp.c_fc.weight"],
+                       **case.inputs)
+    ref = Reference(case.module, case.X, case.T, wrt=["wpe.weight", "h.1.mlp.c_fc.weight"],
+                    **case.inputs)
+    assert relative(H, ref.hessian()) <= 1e-10
+
+
+class Sorting(torch.nn.Module):
+    """A block that sorts its features: no derivative curvgap represents."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(D, D, dtype=DTYPE)
+        self.mix = torch.nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(self.linear(x), dim=-1).values
+
+
+def test_an_operation_outside_the_vocabulary_is_refused_with_its_path():
+    model = torch.nn.Sequential(torch.nn.Linear(D, D, dtype=DTYPE), Sorting())
+    X, T = rows()
+    with pytest.raises(UnsupportedLayer, match=r"^1: operation sort .*curvgap needs an "
+                                               r"operation it can derive"):
+        curvgap.curvature(model).gradient(X, T)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda c, X, T: c.gradient(X.tolist(), T), TypeError, r"X: expected a tensor .*got a list"),
+    (lambda c, X, T: c.gradient(X, T, wrt=[]), ValueError, r"wrt: expected distinct names"),
+    (lambda c, X, T: c.gradient(X, T, wrt=5), TypeError, r"wrt: expected a parameter name"),
+    (lambda c, X, T: c.hvp(X, T, X.numpy()), TypeError, r"v: expected a torch.Tensor"),
+    (lambda c, X, T: c.hvp(X, T, torch.zeros(10, 0, dtype=DTYPE)), ValueError,
+     r"v: expected shape \(\d+,\) or \(\d+, k\) with k >= 1"),
+    (lambda c, X, T: c.gradient(X.long(), T), TypeError, r"X: expected a floating-point"),
+])
+def test_bad_calls_are_refused_naming_the_argument(call, error, message):
+    case = encoder_layer()
+    c = curvgap.curvature(case.module)
+    with pytest.raises(error, match=message):
+        call(c, case.X, case.T)
+
+
+def test_a_reshape_splits_a_size_everywhere_it_occurs():
+    width, rows_ = Size(8), Size(sp.Symbol("L", positive=True, integer=True))
+    a, b = Axis(rows_), Axis(width)
+    heads = regroup([a, b], [rows_.extent, 2, 4])
+    assert [len(d) for d in heads] == [1, 1, 1] and b.leaves() == heads[1] + heads[2]
+    other = Axis(Size(8))
+    align([other.size], [width])  # another tensor's width of the same class
+    assert [leaf.extent for leaf in other.leaves()] == [2, 4]
+    with pytest.raises(ShapeError):
+        regroup([Axis(Size(6))], [4])
+    with pytest.raises(ShapeError):
+        regroup([Axis(rows_)], [2, rows_.extent / 2])  # the sequence is never split
