@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", action="store_true",
                        help="the HVP, Gauss–Newton product, diagonal, structured block and "
                             "dense-block memory from the headline size to GPT-2 width")
+    bench.add_argument("--accuracy", action="store_true",
+                       help="the errors of torch.func's and curvlinops' Hessian products "
+                            "on common Transformer layers, beside curvgap's")
     bench.add_argument("--distributed", action="store_true",
                        help="curvature over the digits ViT's training set on 1 and 2 "
                             "processes (torch.distributed, gloo on 127.0.0.1)")
@@ -195,6 +198,8 @@ def _results_folder(args: argparse.Namespace) -> Path:
         names = ["report.md", "report.json", *FIGURES.values()]
     elif args.distributed:
         names = ["distributed.json"]
+    elif args.accuracy:
+        names = ["accuracy.json"]
     elif args.scale:
         names = ["scale.json"]
     else:
@@ -216,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         except output.OutputError as error:
             print(f"curvgap: error: {error}", file=sys.stderr)
             return 2
+    if args.command == "bench" and args.accuracy:
+        from ..benchmarks.accuracy import run_accuracy
+
+        run_accuracy(args.out)
+        return 0
     if args.command == "bench" and args.distributed:
         from ..benchmarks.distributed import run_distributed
 

@@ -309,75 +309,17 @@ def _order(pending: list[tuple[str, str]], out: str, sizes: dict[str, int]
 @functools.cache
 def _path(spec: str, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...]
           ) -> tuple[list[tuple], int]:
-    """The pairwise order of fewest flops among those whose intermediates stay within
+    """opt_einsum's pairwise order of fewest flops among those whose intermediates stay within
     :data:`MEMORY_FACTOR` times the largest operand or result (an intermediate much larger than
     both costs memory traffic that flops do not count), and its flop count: by trying every
-    order for up to four operands, by opt_einsum's dynamic programming for more."""
+    order for up to four operands (fast), by dynamic programming for more."""
     largest = max(math.prod(s) for s in [*shapes, tuple(out_shape)])
-    terms, out = spec.split("->")
-    terms = terms.split(",")
-    if len(terms) <= 8:
-        sizes = {c: n for term, shape in zip(terms, shapes) for c, n in zip(term, shape)}
-        found = _subsets(tuple(terms), out, sizes, MEMORY_FACTOR * largest)
-        if found is not None:
-            return list(found[0]), found[1]
-    path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="dp",
+    method = "optimal" if spec.count(",") < 4 else "dp"
+    path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize=method,
                                           memory_limit=MEMORY_FACTOR * largest)
     if any(len(step) > 2 for step in path):  # the limit left no pairwise order
         path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="auto-hq")
     return path, int(info.opt_cost)
-
-
-def _subsets(terms: tuple[str, ...], out: str, sizes: dict[str, int], limit: int
-             ) -> tuple[tuple, int] | None:
-    """The cheapest pairwise order of ``terms`` whose intermediates fit ``limit``, by dynamic
-    programming over subsets: its first step (a pair of indices of ``terms``; the rest follow
-    from the next call) and its flops (``None`` if no order fits). A step costs the product of
-    the sizes of its letters, twice when it sums any."""
-    n = len(terms)
-    alphabet = sorted(set(out).union(*terms))
-    bit = {c: 1 << k for k, c in enumerate(alphabet)}
-    extent = [sizes[c] for c in alphabet]
-    term_bits = [sum(bit[c] for c in set(t)) for t in terms]
-    out_bits = sum(bit[c] for c in set(out))
-    full = (1 << n) - 1
-    inside = [0] * (full + 1)
-    for mask in range(1, full + 1):
-        low = mask & -mask
-        inside[mask] = inside[mask ^ low] | term_bits[low.bit_length() - 1]
-    kept = [inside[m] & (out_bits | inside[full ^ m]) for m in range(full + 1)]
-
-    def volume(letters: int) -> int:
-        total, k = 1, 0
-        while letters:
-            if letters & 1:
-                total *= extent[k]
-            letters >>= 1
-            k += 1
-        return total
-
-    best: dict[int, tuple[int, tuple]] = {1 << k: (0, ()) for k in range(n)}
-    for mask in sorted(range(1, full + 1), key=lambda m: bin(m).count("1")):
-        if mask in best or (mask != full and volume(kept[mask]) > limit):
-            continue
-        choice = None
-        sub = (mask - 1) & mask
-        while sub:
-            other = mask ^ sub
-            if sub < other and sub in best and other in best:
-                union = kept[sub] | kept[other]
-                cost = volume(union) * (2 if kept[mask] != union else 1)
-                total = best[sub][0] + best[other][0] + cost
-                if choice is None or total < choice[0]:
-                    first = best[sub][1] or best[other][1] or tuple(
-                        k for k in range(n) if mask >> k & 1)
-                    choice = (total, first)
-            sub = (sub - 1) & mask
-        if choice is not None:
-            best[mask] = choice
-    if full not in best:
-        return None
-    return (best[full][1],), best[full][0]
 
 
 def canonical_spec(spec: str) -> str:

@@ -251,7 +251,19 @@ def derive(config: Config | Program) -> Derivation:
     _hessian_vector_products(der, adjoints)
     output_tangent = _joint_directions(der, adjoints)
     _gauss_newton_products(der, adjoints, output_tangent)
+    _complete_requirements(der)
     return der
+
+
+def _complete_requirements(der: Derivation) -> None:
+    """Add to each group the groups that define what it reads, beyond those it names (a
+    product may read a factor that a bound adjoint shares, held in the adjoints' group)."""
+    defined = {a.target.name: a.group for a in der.graph.assigns}
+    for name, group in der.groups.items():
+        reads = {n for a in der.graph.in_group(name) for n in a.expr.names()}
+        needed = sorted({defined[n] for n in reads if defined.get(n, name) != name}
+                        - set(group.requires))
+        group.requires = (*group.requires, *needed)
 
 
 def _first_order(der: Derivation) -> dict[str, calculus.Tangents]:

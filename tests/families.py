@@ -171,7 +171,8 @@ def gpt2_block() -> Case:
 
 def gpt2_model(mask: bool = True) -> Case:
     cls, config = _hf("gpt2.modeling_gpt2", "GPT2Model", "GPT2Config", n_embd=D, n_head=HEADS,
-                      n_inner=D_FF, n_layer=2, n_positions=16)
+                      n_inner=D_FF, n_layer=2, n_positions=16, vocab_size=30,
+                      bos_token_id=0, eos_token_id=0)
     model = randomise(cls(config).to(DTYPE))
     X, T = _rows()
     inputs: dict[str, Any] = {"inputs_embeds": X, "use_cache": False}

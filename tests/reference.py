@@ -4,42 +4,14 @@ differences of its gradient. Nothing here calls curvgap."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.overrides import TorchFunctionMode
 
-
-class _Float64Inside(TorchFunctionMode):
-    """Casts to float32 of float64 tensors on the path from ``X`` and the parameters (an
-    RMSNorm's upcast, an eager softmax's ``dtype=torch.float32``) kept in float64: a module's
-    float64 twin. What the module computes apart from that path (rotary tables from
-    positions, masks) is left as it runs, in float32 where the module makes it so."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if first is not None and first.dtype == torch.float64 and first.requires_grad:
-            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-            if kwargs.get("dtype") is torch.float32:
-                kwargs["dtype"] = torch.float64
-            if func is torch.Tensor.float:
-                return first
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def float64_twin(active: bool = True) -> Iterator[None]:
-    """Run a module as its float64 twin (see :class:`_Float64Inside`) when ``active``."""
-    if not active:
-        yield
-        return
-    with _Float64Inside():
-        yield
+from curvgap.benchmarks.twin import float64_twin
 
 
 def main_output(out: Any) -> torch.Tensor:

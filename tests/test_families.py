@@ -57,5 +57,6 @@ def test_loss_hessian_agrees_with_autograd(name):
     ref = Reference(case.module, case.X, case.T, case.loss, twin=case.float32_inside,
                     **case.inputs)
     H = ref.hessian()
+    assert H.shape[0] <= 3000  # families small enough for every row by autograd
     assert relative(c.loss_hessian(case.X, case.T, **case.inputs), H) <= 1e-10
     assert relative(c.diagonal(case.X, case.T, **case.inputs), torch.diagonal(H)) <= 1e-10
