@@ -60,10 +60,16 @@ class Value:
 
 @dataclass
 class Constant:
-    """A program constant and how to make it at call time: the graph node ``node`` (or, with
-    ``kind`` other than ``node``, a table of its own: ``select``, ``causal``), ``transform``
-    (``same``, ``additive``: a boolean mask as 0 / -inf, ``float``, ``one_hot``), and the
-    dimension that holds the batch (``None``: shared by every sample)."""
+    """A program constant and how to make it at call time: the value of the graph node
+    ``node`` (``kind = "node"``), or a table of the program's own (``select``: a slice or an
+    index as a 0/1 matrix, ``place``: where a concatenation puts a piece, ``causal``: 0 / -inf
+    above the diagonal; ``details`` say which, with the sizes of its dimensions); the
+    ``transform`` that makes a node's value a float tensor (``same``; ``float``: a mask as 0/1;
+    ``additive_keep``: a boolean attention mask as 0 / -inf, a row that keeps nothing as 0;
+    ``rows_kept``: 1 for the rows of such a mask that keep something; ``additive_safe`` and
+    ``rows_finite``: the same for an additive mask; ``additive_where``: -inf where a mask is
+    true; ``one_hot:N``: indices as one-hot rows over ``N``); and the dimension of the node's
+    value that holds the batch (``None``: shared by every sample)."""
 
     name: str
     kind: str

@@ -23,8 +23,15 @@ BACKENDS = tuple(b.name for b in MODULE_BACKENDS)
 
 @pytest.fixture(autouse=True, scope="session")
 def _verification_cache(tmp_path_factory):
-    """The CLI's record of verified modules, kept out of the user's home during the tests."""
-    os.environ["CURVGAP_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    """The module cache (and the CLI's record of verified modules), kept out of the user's
+    home during the tests: one folder for the run, shared by pytest-xdist's workers (the
+    cache is made for processes sharing it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder = root / "cache"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.environ["CURVGAP_CACHE"] = str(folder)
 SHIPPED = {path.stem: load(path) for path in shipped_configs()}
 
 

@@ -211,6 +211,15 @@ def test_bad_calls_are_refused_naming_the_argument(call, error, message):
         call(c, case.X, case.T)
 
 
+def test_a_cross_entropy_target_on_the_meta_device_is_refused():
+    case = encoder_layer()
+    c = curvgap.curvature(case.module, loss="cross_entropy")
+    labels = torch.empty(case.X.shape[:2], dtype=torch.long, device="meta")
+    with pytest.raises(ValueError, match=r"target: expected class indices with values, got a "
+                                         r"tensor on the meta device"):
+        c.loss(case.X, labels)
+
+
 def test_a_reshape_splits_a_size_everywhere_it_occurs():
     width, rows_ = Size(8), Size(sp.Symbol("L", positive=True, integer=True))
     a, b = Axis(rows_), Axis(width)
