@@ -20,6 +20,10 @@ from curvgap.derivations.config import load
 
 BACKENDS = tuple(b.name for b in MODULE_BACKENDS)
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # workers share the cores, torch's threads too
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)
+                              // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _verification_cache(tmp_path_factory):

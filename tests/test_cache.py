@@ -188,7 +188,8 @@ print(result(cache.module_for(load(sys.argv[1]), sys.argv[2]), sys.argv[2]), flu
 """
 
 
-@pytest.mark.parametrize("step", ["rendering", "temporary", "published"])
+@pytest.mark.parametrize("step", ["rendering", pytest.param("temporary", marks=pytest.mark.slow),
+                                  pytest.param("published", marks=pytest.mark.slow)])
 def test_a_process_killed_while_generating_leaves_no_part_of_a_module(cold, step):
     killed = start(KILLED, CONFIG, step)
     waiter = None

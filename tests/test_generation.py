@@ -23,6 +23,7 @@ from curvgap.derivations.config import ConfigError
 quiet = {"report": lambda line: None}
 
 
+@pytest.mark.slow  # 30 s (CI's `curvgap generate --check` reads the headers in the quick run)
 def test_regeneration_is_byte_identical_and_committed_files_are_current():
     first = render_all(list(SHIPPED.values()), **quiet)
     for item in first:                                   # what `generate --check` compares

@@ -52,7 +52,7 @@ def _paper_layout(array: np.ndarray, target, rows, cols) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["self_attention", "layernorm_affine", "ffn", "paper_block",
-                                  "gpt2_block"])
+                                  pytest.param("gpt2_block", marks=pytest.mark.slow)])  # 15 s
 def test_every_matrix_form_equals_its_index_form(name):
     """Each formula the document shows in matrix form, evaluated with explicit Kronecker,
     commutation and diag matrices, equals the index form entry by entry."""

@@ -10,6 +10,8 @@ module level or inside a function.
 
 from __future__ import annotations
 
+import functools
+
 import ast
 from pathlib import Path
 
@@ -55,6 +57,7 @@ def _layer(module: str) -> str:
     return module.split(".")[1]
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, set(modules)) for name, path in modules.items()}

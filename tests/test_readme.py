@@ -23,12 +23,14 @@ def test_the_readme_has_examples_to_run():
     assert any(kind == "bash" for kind, _ in EXAMPLES)
 
 
-#: Examples that derive a config from scratch run with ``-m slow`` (CI).
-DERIVES = "curvgap generate --config"
+#: Examples that derive a config from scratch, or a layer's Hessian blocks for an operator or
+#: a dataset, run with ``-m slow`` (CI).
+SLOW = ("curvgap generate --config", "eigsh", "DataLoader")
 
 
 @pytest.mark.parametrize("kind, code", [
-    pytest.param(kind, code, marks=pytest.mark.slow) if DERIVES in code else (kind, code)
+    pytest.param(kind, code, marks=pytest.mark.slow) if any(w in code for w in SLOW)
+    else (kind, code)
     for kind, code in EXAMPLES], ids=[f"{k}-{n}" for n, (k, _) in enumerate(EXAMPLES)])
 def test_readme_example_runs(kind, code, tmp_path):
     command = [sys.executable, "-c", code] if kind == "python" else ["bash", "-ec", code]

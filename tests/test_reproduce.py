@@ -23,6 +23,7 @@ def _numbers(value):
         yield value
 
 
+@pytest.mark.slow  # 70 s: the whole quick pipeline of curvgap reproduce
 def test_quick_reproduce_writes_finite_results(tmp_path, capsys):
     assert cli.main(["reproduce", "--quick", "--out", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
