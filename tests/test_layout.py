@@ -10,9 +10,8 @@ module level or inside a function.
 
 from __future__ import annotations
 
-import functools
-
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
