@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from curvgap import cli
 
 FIGURES = ("hessian_heatmap.png", "block_norms.png", "scaling.png", "convergence.png",
