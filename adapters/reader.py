@@ -55,7 +55,8 @@ class Value:
     expr: sp.Expr = x
     constant: str | None = None  # the name of the graph node that computes it
     transform: str = "same"  # how a constant's value is made a float tensor
-    origin: tuple[str, str] = ("", "")  # the node and operation that made ``expr``
+    #: the node, operation and submodule that made ``expr``
+    origin: tuple[str, str, str] = ("", "", "")
 
 
 @dataclass
@@ -419,13 +420,13 @@ class Reader:
         if key not in self.mapped:
             source = self.axes_of(value.tensor)
             labels = [self.label() for _ in source]
-            node, what = value.origin
+            node, what, path = value.origin
             name = self.name(node or (self.node.name if self.node is not None else "f"))
             axes = [Axis(a.size.root()) for a in source]
             self.ops.append(dict(kind="map", out=name, labels=labels,
                                  axes=list(zip(labels, [a.size.root() for a in source])),
                                  fn=value.expr, source=(value.tensor, labels),
-                                 what=what or self.what(), path=self.where()))
+                                 what=what or self.what(), path=path or self.where()))
             self._tensor_axes[name] = axes
             self.mapped[key] = (name, source, axes)
         name, source, axes = self.mapped[key]
@@ -746,7 +747,7 @@ class Reader:
     def _unary(self, source, fn: Callable[[sp.Expr], sp.Expr]) -> Value:
         value = self.value(source)
         return Value(value.dims, value.tensor, value.axes, fn(value.expr), value.constant,
-                     value.transform, (self.node.name, self.what()))
+                     value.transform, (self.node.name, self.what(), self.where()))
 
     def _same_tensor(self, a: Value, b: Value) -> bool:
         """Whether ``a`` and ``b`` read one tensor the same way (so an elementwise operation
@@ -769,13 +770,13 @@ class Reader:
                   "*": lambda e: e * number,
                   "/": lambda e: e / number if "a" not in numbers else number / e}[op]
             return Value(value.dims, value.tensor, value.axes, fn(value.expr), value.constant,
-                         value.transform, (node.name, self.what()))
+                         value.transform, (node.name, self.what(), self.where()))
         first, second = self.value(a), self.value(b)
         if self._same_tensor(first, second):
             fa, fb = first.expr, second.expr
             expr = {"+": fa + alpha * fb, "-": fa - alpha * fb, "*": fa * fb, "/": fa / fb}[op]
             return Value(first.dims, first.tensor, first.axes, expr,
-                         origin=(node.name, self.what()))
+                         origin=(node.name, self.what(), self.where()))
         alpha = _number(alpha)
         if op in "+-":
             sign = alpha if op == "+" else -alpha
@@ -1124,7 +1125,7 @@ class Reader:
                                 "row variance > 0, but a row of its input is constant; "
                                 "change the input or use eps > 0"))
         rsqrt = Value(spread.dims, spread.tensor, spread.axes, (x + eps) ** sp.Rational(-1, 2),
-                      origin=(f"{name}_rsqrt", "rsqrt"))
+                      origin=(f"{name}_rsqrt", "rsqrt", self.where()))
         terms = [(spread_coeff, [self.operand(spread_of, every),
                                  self.operand(rsqrt, row_labels)])]
         normalised = self.emit(sizes, every, terms, f"{name}_normalised"
