@@ -36,7 +36,7 @@ from ..models import Chain
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
-from .trace import Call, Trace, constants, signature, trace
+from .trace import Call, Trace, constants, fits, signature, trace
 
 
 def _batch_first(module: torch.nn.Module) -> bool:
@@ -121,7 +121,7 @@ class Curvature:
             self._fingerprint = current
         call = Call(keyword, self.batch_dim)
         key = signature(call, X, inputs)
-        if key not in self._reads or not _fits(self._reads[key].trace, X):
+        if key not in self._reads or not fits(self._reads[key].trace, call, X, inputs):
             self._reads[key] = self._read(call, X, inputs)
         read = self._reads[key]
         values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
@@ -430,11 +430,6 @@ def _tensor(v: Any, X: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"v: expected a torch.Tensor (of X's dtype and device), got "
                         f"{type(v).__name__}")
     return v
-
-
-def _fits(traced: Trace, X: torch.Tensor) -> bool:
-    """Whether ``X``'s sizes are those the trace fixed (where it fixed any)."""
-    return all(fixed is None or fixed == size for fixed, size in zip(traced.fixed, X.shape))
 
 
 def _dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:

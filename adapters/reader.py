@@ -41,6 +41,10 @@ class UnsupportedOperation(UnsupportedLayer):
     """A traced operation curvgap does not represent, named with its submodule's path."""
 
 
+#: what an empty slice reads as (a tensor of no entries; only concatenated, where it drops)
+EMPTY = object()
+
+
 @dataclass
 class Value:
     """A traced tensor as the program holds it: its dimensions (each a list of axes, ``[]``
@@ -299,6 +303,8 @@ class Reader:
             value = self.values[arg.name]
             if isinstance(value, Value):
                 return value
+            if value is EMPTY:
+                raise self.refuse("a tensor with entries (an empty slice is only concatenated)")
         raise self.refuse(f"a tensor argument, got {arg!r}")
 
     def name(self, hint: str) -> str:
@@ -404,8 +410,7 @@ class Reader:
             extents = tuple(tuple(a.size.root() for a in dim) for dim in dims)
             self.constants[name] = Constant(name, kind, details=(details, extents))
             self.declared[key] = value
-        declared = self.declared[key]
-        return Value(dims, declared.tensor, declared.axes)
+        return self.declared[key]  # its own axes (a table met again reads them)
 
     # -- emitting --------------------------------------------------------------------------------
     def held(self, value: Value) -> Value:
@@ -575,7 +580,7 @@ class Reader:
         value = self.value(source)
         return self._with_dims(value, [value.dims[k] for k in order])
 
-    @reads(aten.t.default)
+    @reads(aten.t.default, aten.numpy_T.default)
     def _read_t(self, node, source) -> Value:
         value = self.value(source)
         return self._with_dims(value, value.dims[::-1])
@@ -654,9 +659,12 @@ class Reader:
         value = self.value(source)
         dim = dim % len(value.dims)
         extent = self.shape_of(node)[dim]
+        if extent == 0:
+            return EMPTY
         full = self.leaf_dims(value)[dim]
         total = sp.Mul(*[a.extent for a in full]) if full else 1
-        start = 0 if start is None else start
+        start, step = (self.values[v.name] if isinstance(v, torch.fx.Node) else v
+                       for v in (start or 0, step))
         if start == 0 and step == 1 and sp.simplify(extent - total) == 0:
             return value  # the whole dimension
         if not isinstance(total, int | sp.Integer) or not all(
@@ -699,13 +707,27 @@ class Reader:
         return tuple(self._select(f"{node.name}_{k}", value, dim, ("pick", k), 1)
                      for k in range(count))
 
+    @reads(aten.stack.default)
+    def _read_stack(self, node, sources, dim=0) -> Value:
+        """``stack``: each input given a new dimension of one at ``dim``, then concatenated
+        there."""
+        values = [self.value(s) for s in sources]
+        at = dim % (len(values[0].dims) + 1)
+        return self._concatenated(node, [self._with_dims(v, v.dims[:at] + [[]] + v.dims[at:])
+                                         for v in values], at)
+
     @reads(aten.cat.default)
     def _read_cat(self, node, sources, dim=0) -> Value:
-        values = [self.value(s) for s in sources]
-        dim = dim % len(values[0].dims)
+        values = [self.value(s) for s in sources if self.values.get(s.name) is not EMPTY]
+        if len(values) == 1:
+            return values[0]
+        return self._concatenated(node, values, dim % len(values[0].dims))
+
+    def _concatenated(self, node, values: list[Value], dim: int) -> Value:
+        """``values`` placed one after another along ``dim`` (each by a constant placement
+        table), every other dimension aligned as by broadcasting."""
         out_extent = self.shape_of(node)[dim]
         out_size = self.size((node.name, "cat"), out_extent).leaves()
-        # every other dimension aligned as by broadcasting
         others = [self._with_dims(v, v.dims[:dim] + v.dims[dim + 1:]) for v in values]
         sizes, (labels, *per_value) = self.broadcast(others)
         out_label = [self.label() for _ in out_size]

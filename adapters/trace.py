@@ -32,8 +32,8 @@ _DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
 class Trace:
     """A module read with one kind of inputs: the exported program, the reading of each part
     (one, or a model's blocks and what surrounds them, :mod:`.parts`) with its block path,
-    the graph that makes the constants, and the sizes the export fixed (``None`` where
-    free)."""
+    the graph that makes the constants, and per user input the sizes the export fixed
+    (``None`` where free)."""
 
     exported: torch.export.ExportedProgram
     readings: list[Reading]
@@ -77,19 +77,83 @@ def signature(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
     return (call, str(spec), kinds)
 
 
-def _dynamic(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
+def _dynamic(call: Call, X: torch.Tensor, kwargs: dict, fixed: frozenset = frozenset()
+             ) -> tuple:
     """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free,
-    every other tensor's dimensions left for the export to relate."""
-    auto = torch.export.Dim.AUTO
-    free = {call.batch_dim: torch.export.Dim.DYNAMIC}
+    every other tensor's dimensions left for the export to relate, but those of ``fixed``
+    (``(id(tensor), dim)``): a tensor of ``X``'s rank (an encoder's states) has its batch
+    there bound to ``X``'s, the others are kept at the size given."""
+    batch = torch.export.Dim("batch")
+    free = {call.batch_dim: batch}
     if X.ndim == 3:
         free[1 - call.batch_dim] = torch.export.Dim.DYNAMIC
+
+    def spec(v: torch.Tensor) -> dict:
+        tied = v.ndim == X.ndim and v.shape[call.batch_dim] == X.shape[call.batch_dim]
+        return {k: batch if tied and k == call.batch_dim else torch.export.Dim.AUTO
+                for k in range(v.ndim)
+                if (id(v), k) not in fixed or (tied and k == call.batch_dim)}
+
     args, kw = call.arguments(X, kwargs)
-    specs = pytree.tree_map(lambda v: {k: auto for k in range(v.ndim)}
-                            if isinstance(v, torch.Tensor) else None, kw)
+    specs = pytree.tree_map(lambda v: spec(v) if isinstance(v, torch.Tensor) else None, kw)
     if call.keyword is not None:
         specs[call.keyword] = free
     return ((free,) if args else ()) + tuple(specs.values())
+
+
+def _unbound(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor,
+             kwargs: dict) -> frozenset:
+    """The dimensions of the keyword inputs that the export left free but that ``X``'s
+    sizes do not determine (``(id(tensor), dim)``): a rotary table's width, an encoder's
+    length; the program is read with them at the sizes given."""
+    inputs = dict(zip(_user_inputs(exported), _flat(exported, call, X, kwargs)))
+    shape = next(n for n in exported.graph.nodes if n.op == "placeholder"
+                 and inputs.get(n.name) is X).meta["val"].shape
+    bound = set().union(*(_symbols(e) for e in shape))
+    out = set()
+    for node in exported.graph.nodes:
+        value = inputs.get(node.name)
+        if node.op != "placeholder" or not isinstance(value, torch.Tensor) or value is X:
+            continue
+        for k, extent in enumerate(node.meta["val"].shape):
+            if not _symbols(extent) <= bound:
+                out.add((id(value), k))
+    return frozenset(out)
+
+
+def _symbols(extent: object) -> set:
+    """The symbols an extent depends on (none for a fixed size)."""
+    return set(extent.node.expr.free_symbols) if isinstance(extent, torch.SymInt) else set()
+
+
+def _user_inputs(exported: torch.export.ExportedProgram) -> list[str]:
+    kinds = torch.export.graph_signature.InputKind
+    return [s.arg.name for s in exported.graph_signature.input_specs
+            if s.kind == kinds.USER_INPUT]
+
+
+def _flat(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor,
+          kwargs: dict) -> list:
+    """The call's inputs in the order of the exported program's user inputs."""
+    return fx_pytree.tree_flatten_spec(call.arguments(X, kwargs), exported.call_spec.in_spec)
+
+
+def fixed_sizes(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor,
+                kwargs: dict) -> tuple:
+    """Per user input of the export, the sizes it fixed (``None`` where free)."""
+    shapes = {n.name: n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"}
+    return tuple(tuple(None if isinstance(e, torch.SymInt) else int(e)
+                       for e in shapes[name].shape)
+                 if isinstance(shapes[name], torch.Tensor) else None
+                 for name in _user_inputs(exported))
+
+
+def fits(traced: Trace, call: Call, X: torch.Tensor, kwargs: dict) -> bool:
+    """Whether this call's inputs have the sizes the trace fixed (where it fixed any)."""
+    flat = _flat(traced.exported, call, X, kwargs)
+    return all(fixed is None or (isinstance(value, torch.Tensor) and value.ndim == len(fixed)
+                                 and all(f is None or f == n for f, n in zip(fixed, value.shape)))
+               for fixed, value in zip(traced.fixed, flat))
 
 
 @contextlib.contextmanager
@@ -109,23 +173,45 @@ def _no_kernel_hints():
 def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
            kwargs: dict) -> torch.export.ExportedProgram:
     """``torch.export`` of ``module`` on ``X`` and ``kwargs`` with the batch (and sequence)
-    free; where the module fixes them, at the sizes given."""
-    args, kw = call.arguments(X, kwargs)
+    free and what they determine; where the module fixes them, at the sizes given."""
+    def attempt(dynamic_shapes: tuple | None) -> torch.export.ExportedProgram:
+        # fresh aliases of the inputs: a failed export leaves its marks on the tensors
+        args, kw = pytree.tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v,
+                                   call.arguments(X, kwargs))
+        return torch.export.export(module, args, kw, strict=False,
+                                   dynamic_shapes=dynamic_shapes)
+
     with warnings.catch_warnings(), torch.no_grad(), _no_kernel_hints():
         warnings.simplefilter("ignore")
         try:
-            return torch.export.export(module, args, kw,
-                                       dynamic_shapes=_dynamic(call, X, kwargs), strict=False)
+            exported = attempt(_dynamic(call, X, kwargs))
+            unbound = _unbound(exported, call, X, kwargs)
+            return attempt(_dynamic(call, X, kwargs, unbound)) if unbound else exported
         except Exception as first:  # noqa: BLE001 - the module fixes a size: export as given
             if _DEBUG:
                 print(f"curvgap: dynamic export failed: {first}", file=sys.stderr)
             try:
-                return torch.export.export(module, args, kw, strict=False)
+                return attempt(None)
             except Exception as error:
+                _runs(module, call, X, kwargs)
                 raise UnsupportedOperation(
                     f"{type(module).__name__}: torch.export could not trace its forward with "
                     f"these inputs ({type(error).__name__}: {str(error).splitlines()[0]}); "
                     "curvgap reads a module's computation from its trace") from None
+
+
+def _runs(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict) -> None:
+    """Raise the module's own error, as a :class:`ValueError` about its inputs, where it
+    cannot run on them (a trace that fails then says nothing of the module)."""
+    args, kw = call.arguments(X, kwargs)
+    try:
+        with torch.no_grad():
+            module(*args, **kw)
+    except Exception as error:  # noqa: BLE001 - whatever the module raises, said as it is
+        what = call.keyword or "X"
+        raise ValueError(f"{what}: {type(module).__name__} does not run on these inputs "
+                         f"(shape {tuple(X.shape)}): {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from None
 
 
 def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
@@ -161,8 +247,7 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
         title = _title(module, source.root)
         last = k == len(sources) - 1
         readings.append(Reader(source, title, loss if last else "linear").read())
-    fixed = tuple(None if isinstance(e, torch.SymInt) else int(e)
-                  for e in next(n for n in graph.nodes if n.name == X_name).meta["val"].shape)
+    fixed = fixed_sizes(exported, call, X, kwargs)
     constants = [c for reading in readings for c in reading.constants]
     return Trace(exported, readings, [s.root for s in sources],
                  _constant_graph(exported, constants), X_name, fixed,
