@@ -20,6 +20,7 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import sys
 import time
@@ -109,9 +110,9 @@ class Curvature:
             raise TypeError(f"X: expected a torch.Tensor (the module's first input; or None "
                             f"with inputs_embeds=...) or a dataset's batches of (X, T), got "
                             f"{type(X).__name__}")
-        if not X.is_floating_point():
+        if X.is_complex() or X.dtype == torch.bool:
             raise TypeError(f"X: expected a floating-point tensor (the input the derivatives "
-                            f"are taken through), got dtype {X.dtype}")
+                            f"are taken through) or integer token ids, got dtype {X.dtype}")
         if X.ndim < 2 or X.shape[self.batch_dim] < 1:
             raise ValueError(f"X: expected a batch of samples along dimension "
                              f"{self.batch_dim}, got shape {tuple(X.shape)}")
@@ -129,6 +130,13 @@ class Curvature:
                   for name, source in read.names.items()}
         for prefix, part in zip(read.prefixes, values):
             params.update({f"{prefix}{name}": value for name, value in part.items()})
+        vocabulary = read.trace.readings[0].vocabulary
+        if vocabulary is not None:  # token ids: their one-hot rows
+            if X.numel() and (X.min() < 0 or X.max() >= vocabulary):
+                raise ValueError(f"X: expected token ids in [0, {vocabulary}), got ids from "
+                                 f"{int(X.min())} to {int(X.max())}")
+            dtype = next(iter(params.values())).dtype
+            X = torch.nn.functional.one_hot(X, vocabulary).to(dtype)
         if self.batch_dim:
             X = X.movedim(self.batch_dim, 0)
         batch = read.trace.readings[-1].batch_dim
@@ -144,10 +152,13 @@ class Curvature:
                     [f"{path or f'part{k}'}." for k, path in enumerate(paths)])
         read = _Read(traced, {}, prefixes)
         read.runner("products")
+        # each runner parameter by the module's own name of it (a tied weight has one)
+        canonical = {id(p): n for n, p in self.module.named_parameters()}
         names = {}
         for prefix, path, reading in zip(prefixes, paths, traced.readings):
             for name, source in reading.params.items():
-                names[f"{prefix}{name}"] = f"{path}.{source}" if path else source
+                source = f"{path}.{source}" if path else source
+                names[f"{prefix}{name}"] = canonical[id(self.module.get_parameter(source))]
         seconds = time.perf_counter() - start
         if seconds > 2:
             parts = f" ({len(set(programs))} distinct of {len(programs)} parts)" \
@@ -175,52 +186,70 @@ class Curvature:
         chosen = set(names)
         return [n for n in self.names if n in chosen]
 
-    def _pieces(self, read: _Read, names: list[str]) -> list[tuple[str, str | None, int]]:
-        """Per module parameter of ``names`` (in order): its name, the runner's name for it
-        (``None``: the output does not depend on it) and its number of entries."""
-        ours = {source: name for name, source in read.names.items()}
-        return [(n, ours.get(n), self.module.get_parameter(n).numel()) for n in names]
+    def _pieces(self, read: _Read, names: list[str]) -> list[tuple[str, tuple[str, ...], int]]:
+        """Per module parameter of ``names`` (in order): its name, the runner's names for it
+        (none: the output does not depend on it; several: a tied weight read in several
+        places, whose derivatives add up) and its number of entries."""
+        ours: dict[str, tuple[str, ...]] = {}
+        for name, source in read.names.items():
+            ours[source] = (*ours.get(source, ()), name)
+        return [(n, ours.get(n, ()), self.module.get_parameter(n).numel()) for n in names]
 
     @staticmethod
     def _used(read: _Read, pieces: list) -> list[str]:
         """The runner's parameters among ``pieces``, in the runner's order."""
         order = {name: k for k, name in enumerate(read.names)}
-        return sorted((ours for _, ours, _ in pieces if ours is not None), key=order.get)
+        return sorted((r for _, ours, _ in pieces for r in ours), key=order.get)
 
     @staticmethod
-    def _spread(values: torch.Tensor, pieces: list, used: list[str], axis: int = 0
+    def _same(pieces: list, used: list[str]) -> bool:
+        """Whether ``pieces`` are the ``used`` parameters one to one, in order."""
+        return [ours for _, ours, _ in pieces] == [(name,) for name in used]
+
+    @classmethod
+    def _spread(cls, values: torch.Tensor, pieces: list, used: list[str], axis: int = 0
                 ) -> torch.Tensor:
         """``values`` (along ``axis``: the ``used`` parameters' entries, concatenated) in the
-        order of ``pieces``, with zeros where a piece is not used."""
-        if [ours for _, ours, _ in pieces] == used:
+        order of ``pieces``: zeros where a piece is not used, the sum where it is used in
+        several places."""
+        if cls._same(pieces, used):
             return values
-        sizes = {ours: size for _, ours, size in pieces if ours is not None}
+        sizes = {r: size for _, ours, size in pieces for r in ours}
         offsets, offset = {}, 0
         for name in used:
             offsets[name] = offset
             offset += sizes[name]
         parts = []
         for _, ours, size in pieces:
-            if ours is None:
+            if not ours:
                 shape = list(values.shape)
                 shape[axis] = size
                 parts.append(values.new_zeros(shape))
             else:
-                parts.append(values.narrow(axis, offsets[ours], size))
+                parts.append(sum(values.narrow(axis, offsets[r], size) for r in ours))
         return torch.cat(parts, axis)
 
-    @staticmethod
-    def _gather(v: torch.Tensor, pieces: list, used: list[str]) -> torch.Tensor:
-        """The rows of ``v`` (``pieces`` concatenated) of the ``used`` parameters, in their
-        order."""
-        if [ours for _, ours, _ in pieces] == used:
+    @classmethod
+    def _gather(cls, v: torch.Tensor, pieces: list, used: list[str]) -> torch.Tensor:
+        """The rows of ``v`` (``pieces`` concatenated) for the ``used`` parameters, in their
+        order (a tied weight's rows for each place it is read)."""
+        if cls._same(pieces, used):
             return v
         rows, offset = {}, 0
         for _, ours, size in pieces:
-            if ours is not None:
-                rows[ours] = v[offset:offset + size]
+            for r in ours:
+                rows[r] = v[offset:offset + size]
             offset += size
         return torch.cat([rows[name] for name in used])
+
+    @staticmethod
+    def _untied(pieces: list, what: str) -> None:
+        tied = [n for n, ours, _ in pieces if len(ours) > 1]
+        if tied:
+            raise NotImplementedError(
+                f"{what}: {tied[0]} is a tied weight read in several places; its {what} needs "
+                f"the blocks between those places: use loss_hessian(wrt={tied[0]!r}) (or "
+                f"untie it)")
 
     def _selection(self, read: _Read, wrt: Any) -> tuple[list, list[str], int]:
         pieces = self._pieces(read, self._wrt(wrt))
@@ -251,7 +280,13 @@ class Curvature:
         if not used:
             return X.new_zeros(n)
         if read.chained:  # a chain gives every parameter's: the ones asked for taken out
-            return self._spread(read.runner().gradient(params, X, T), pieces, list(read.names))
+            every = self._pieces(read, list(self.names))
+            full = self._spread(read.runner().gradient(params, X, T), every,
+                                self._used(read, every))
+            offsets = dict(zip(self.names, itertools.accumulate(
+                [size for *_, size in every], initial=0)))
+            return torch.cat([full[offsets[name]:offsets[name] + size]
+                              for name, _, size in pieces])
         return self._spread(read.runner().gradient(params, X, T, wrt=used), pieces, used)
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
@@ -332,6 +367,7 @@ class Curvature:
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n)
+        self._untied(pieces, "diagonal")
         values = read.runner("blocks").diagonal(params, X, T, wrt=used, part=part)
         return self._spread(values, pieces, used)
 
@@ -343,6 +379,8 @@ class Curvature:
         exactly such a sum for this module (a single part's weight matrices, each read
         whole)."""
         X, T, read, params = self._prepared(X, T, inputs)
+        self._untied(self._pieces(read, self._wrt(list(dict.fromkeys([wrt_i, wrt_j or wrt_i])))),
+                     "kronecker_block")
         ours = {s: n for n, s in read.names.items()}
         first = ours.get(wrt_i)
         second = ours.get(wrt_i if wrt_j is None else wrt_j)

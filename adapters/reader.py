@@ -41,6 +41,11 @@ class UnsupportedOperation(UnsupportedLayer):
     """A traced operation curvgap does not represent, named with its submodule's path."""
 
 
+#: the ``constant`` of ``X`` given as integer token ids (and of its views): read only as an
+#: embedding's indices, where the program's ``X`` becomes their one-hot rows (the embedding is
+#: then the linear map ``X W``, its derivatives in ``X`` those in the one-hot rows)
+TOKENS = "X: token ids"
+
 #: what an empty slice reads as (a tensor of no entries; only concatenated, where it drops)
 EMPTY = object()
 
@@ -96,6 +101,8 @@ class Reading:
     symbols: dict[str, sp.Expr] = field(default_factory=dict)
     #: where the output holds the batch (the program's output has it first)
     batch_dim: int = 0
+    #: token ids as ``X``: the program's ``X`` is their one-hot rows over this vocabulary
+    vocabulary: int | None = None
 
 
 def _identifier(name: str) -> str:
@@ -131,9 +138,10 @@ def differentiable(graph: torch.fx.Graph, sources: set[str]) -> set[str]:
         if node.op == "placeholder":
             if node.name in sources:
                 out.add(node.name)
-        elif node.op == "call_function" and _floating(node.meta.get("val")) and any(
-                arg.name in out for arg in node.all_input_nodes):
-            out.add(node.name)
+        elif node.op == "call_function" and any(arg.name in out for arg in node.all_input_nodes
+                                                ) and (_floating(node.meta.get("val"))
+                                                       or node.target in _VIEWS):
+            out.add(node.name)  # a view of integer token ids too: an embedding reads it
     return out
 
 
@@ -178,6 +186,13 @@ def _extent(value: object) -> int | sp.Expr:
 
 #: The readers of single operations, by ATen overload (filled by :func:`reads`).
 READERS: dict[object, Callable] = {}
+
+#: operations that read a tensor another way (what token ids may go through to an embedding)
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+          aten.unflatten.int, aten.flatten.using_ints, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
+          aten.contiguous.default, aten.clone.default, aten.alias.default, aten.to.device,
+          aten._to_copy.default}
 
 
 def reads(*targets: object) -> Callable:
@@ -239,6 +254,7 @@ class Reader:
         self.labels = 0
         self.guards: list[tuple[str, str, str]] = []
         self.node: torch.fx.Node | None = None
+        self.vocabulary: int | None = None
         self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of})
         output = None
         for node in self.graph.nodes:
@@ -349,9 +365,10 @@ class Reader:
             self.params[name] = source
             return value
         if node.name == self.source.X:
-            if not isinstance(meta, torch.Tensor) or not meta.is_floating_point():
-                raise UnsupportedOperation(f"X: expected a floating-point tensor as the "
-                                           f"module's first input, got {meta!r}")
+            if not isinstance(meta, torch.Tensor) or meta.is_complex() or meta.dtype == torch.bool:
+                raise UnsupportedOperation(f"X: expected a floating-point tensor or integer "
+                                           f"token ids as the module's first input, got "
+                                           f"{meta!r}")
             dims = self.fresh(tuple(meta.shape), node.name)
             at = self.source.batch_dim
             if len(dims) < 2 or not dims[at]:
@@ -359,6 +376,8 @@ class Reader:
                                            f"along dimension {at} to read the module with, "
                                            f"got shape {tuple(meta.shape)}")
             self.batch = dims[at][0].size
+            if not meta.is_floating_point():
+                return Value(dims, constant=TOKENS)
             value = Value(dims, "X", [a for dim in dims for a in dim])
             self.inputs["X"] = ("input", value)
             self._tensor_axes["X"] = value.axes
@@ -382,6 +401,9 @@ class Reader:
     def declare(self, value: Value) -> Value:
         """A constant ``value`` as a program input (its own dimension order; the batch, if it
         has one, passed first)."""
+        if value.constant == TOKENS:
+            raise self.refuse("token ids read only as an embedding's indices (give "
+                              "inputs_embeds= to a module that computes with them otherwise)")
         key = (value.constant, value.transform)
         if key not in self.declared:
             leaves = self.leaf_dims(value)
@@ -600,7 +622,7 @@ class Reader:
         dropped = {d % rank for d in chosen if not value.dims[d % rank]}
         return self._with_dims(value, [d for k, d in enumerate(value.dims) if k not in dropped])
 
-    @reads(aten.expand.default)
+    @reads(aten.expand.default, aten.broadcast_to.default)
     def _read_expand(self, node, source, shape, *args) -> Value:
         value = self.value(source)
         out = self.shape_of(node)
@@ -746,10 +768,39 @@ class Reader:
             offset += extent
         return self.emit(out_sizes, out_labels, terms)
 
+    @reads(aten.index.Tensor)
+    def _read_index(self, node, source, indices) -> Value:
+        """``source[..., idx, ...]`` with one constant index tensor ``idx`` (the others
+        ``None``): the product with the one-hot rows of ``idx``, as an embedding."""
+        value = self.value(source)
+        at = [k for k, index in enumerate(indices) if index is not None]
+        if len(at) != 1:
+            raise self.refuse("an index by one tensor along one dimension")
+        dim = at[0]
+        ids = self.value(indices[dim])
+        full = self.leaf_dims(value)[dim]
+        if ids.constant is None or ids.constant == TOKENS or len(full) != 1 or not isinstance(
+                full[0].extent, int):
+            raise self.refuse("an index by a constant integer tensor along a dimension of "
+                              "fixed size")
+        hot = Value(ids.dims + [[Axis(full[0].size.root())]], constant=ids.constant,
+                    transform=f"index:{full[0].extent}")
+        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
+        picked = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
+        out_sizes = sizes[:dim] + picked + sizes[dim + 1:]
+        labels = self.out_labels(out_sizes)
+        inner = self.label()
+        own = labels[:dim] + [[inner]] + labels[dim + len(picked):]
+        return self.emit(out_sizes, labels, [(sp.Integer(1), [
+            self.operand(value, own),
+            self.operand(hot, labels[dim:dim + len(picked)] + [[inner]])])])
+
     @reads(aten.embedding.default)
     def _read_embedding(self, node, weight, indices, *args) -> Value:
         table = self.value(weight)
         ids = self.value(indices)
+        if ids.constant == TOKENS:
+            return self._embedded_tokens(table, ids)
         if ids.constant is None:
             raise self.refuse("embedding indices that do not depend on X or the parameters")
         rows = self.leaf_dims(table)[0]
@@ -763,6 +814,27 @@ class Reader:
         row = self.label()
         return self.emit(sizes + [feature], labels, [(sp.Integer(1), [
             self.operand(hot, labels[:-1] + [[row]]),
+            self.operand(table, [[row], labels[-1]])])])
+
+    def _embedded_tokens(self, table: Value, ids: Value) -> Value:
+        """``X W`` with ``X`` the one-hot rows of the token ids (one per id, over the
+        vocabulary: the table's rows)."""
+        rows = self.leaf_dims(table)[0]
+        if len(rows) != 1 or "X" in self.inputs:
+            raise self.refuse("token ids read by one embedding table of one row axis")
+        vocabulary = rows[0].size.root()
+        self.hints[vocabulary] = "V"
+        dims = self.leaf_dims(ids) + [[Axis(vocabulary)]]
+        X = Value(dims, "X", [a for dim in dims for a in dim])
+        self.inputs["X"] = ("input", X)
+        self._tensor_axes["X"] = X.axes
+        self.vocabulary = int(vocabulary.extent)
+        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
+        feature = [a.size.root() for a in self.leaf_dims(table)[1]]
+        labels = self.out_labels(sizes + [feature])
+        row = self.label()
+        return self.emit(sizes + [feature], labels, [(sp.Integer(1), [
+            self.operand(X, labels[:-1] + [[row]]),
             self.operand(table, [[row], labels[-1]])])])
 
     # -- elementwise ---------------------------------------------------------------------------
@@ -823,6 +895,20 @@ class Reader:
     @reads(aten.rsub.Scalar, aten.rsub.Tensor)
     def _read_rsub(self, node, a, b, alpha=1) -> Value:
         return self._binary(node, b, a, "-", alpha)
+
+    @reads(aten.add_.Tensor, aten.sub_.Tensor, aten.mul_.Tensor, aten.div_.Tensor,
+           aten.add_.Scalar, aten.sub_.Scalar, aten.mul_.Scalar, aten.div_.Scalar)
+    def _read_in_place(self, node, a, *args, **kwargs) -> Value:
+        """``a.op_(b)`` as ``a op b``, ``a`` read as its result from then on: where nothing
+        read ``a`` before (no view of it can see the change)."""
+        order = {n: k for k, n in enumerate(self.graph.nodes)}
+        if not isinstance(a, torch.fx.Node) or a.op == "placeholder" or any(
+                order[user] < order[node] for user in a.users if user is not node):
+            raise self.refuse("an in-place operation on a tensor nothing read before")
+        name = str(node.target._overloadpacket).removeprefix("aten.").rstrip("_")
+        result = READERS[getattr(aten, name).Tensor](self, node, a, *args, **kwargs)
+        self.values[a.name] = result
+        return result
 
     @reads(aten.mul.Tensor, aten.mul.Scalar, operator.mul)
     def _read_mul(self, node, a, b) -> Value:
@@ -1256,6 +1342,9 @@ class Reader:
     # -- the program -----------------------------------------------------------------------------
     def _finish(self, output: Value) -> Reading:
         """The program of this pass: sizes named, inputs, operations and output written out."""
+        if "X" not in self.inputs:
+            raise UnsupportedOperation(f"{self.root or 'the module'}: expected its token ids "
+                                       "(X) read by an embedding")
         output = self.held(output)
         leaves = self.leaf_dims(output)
         batch = [k for k, dim in enumerate(leaves) if any(self.is_batch(a) for a in dim)]
@@ -1344,7 +1433,8 @@ class Reader:
         symbols = {name: size.extent for size, name in names.items()
                    if not isinstance(size.extent, int)}
         return Reading(program, recipes, {tensor[n]: source for n, source in
-                                          self.params.items() if n in read}, symbols, at)
+                                          self.params.items() if n in read}, symbols, at,
+                       self.vocabulary)
 
     @staticmethod
     def _extent_named(name: str, names: dict[Size, str]) -> int | sp.Expr:

@@ -328,7 +328,8 @@ def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module
 def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor,
               kwargs: dict, dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
     """Each part's constants for this call (``dims``: each part's sizes), laid out as the
-    generated code takes them (the batch first), in ``X``'s dtype and on its device."""
+    generated code takes them (the batch first), in ``X``'s dtype (the parameters' for token
+    ids) and on its device."""
     computed: dict[str, torch.Tensor] = {}
     if trace.constants is not None:
         with torch.no_grad():
@@ -336,16 +337,17 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
         nodes = dict.fromkeys(c.node for reading in trace.readings
                               for c in reading.constants if c.kind == "node")
         computed = dict(zip(nodes, values))
+    like = X if X.is_floating_point() else next(module.parameters())
     out = []
     for reading, part_dims in zip(trace.readings, dims):
         values = {}
         for constant in reading.constants:
             if constant.kind == "node":
-                value = _transformed(computed[constant.node], constant.transform, X)
+                value = _transformed(computed[constant.node], constant.transform, like)
                 if constant.batch_dim is not None:
                     value = value.movedim(constant.batch_dim, 0)
             else:
-                value = _table(constant, part_dims, X)
+                value = _table(constant, part_dims, like)
             values[constant.name] = value.contiguous()
         out.append(values)
     return out
@@ -353,9 +355,10 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
 
 def _transformed(value: torch.Tensor, transform: str, X: torch.Tensor) -> torch.Tensor:
     """A constant as the program reads it: a float tensor like ``X``."""
-    if transform.startswith("one_hot:"):
+    if transform.startswith(("one_hot:", "index:")):  # an index counts from the end if < 0
         classes = int(transform.partition(":")[2])
-        return torch.nn.functional.one_hot(value.long(), classes).to(X.dtype)
+        value = value.long() % classes if transform.startswith("index:") else value.long()
+        return torch.nn.functional.one_hot(value, classes).to(X.dtype)
     if transform == "additive_keep":  # a boolean mask, True where attention is kept; a row
         kept = value.bool()                  # that keeps nothing is 0 (it attends to nothing)
         rows = kept.any(-1, keepdim=True)

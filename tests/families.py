@@ -244,6 +244,135 @@ def timm_vit() -> Case:
     return Case(randomise(vit), images, labels, loss="cross_entropy")
 
 
+# -- the architecture terms of today's common models ------------------------------------------
+def _decoder_layer(path: str, cls: str, config: str, rotary: str, **options: Any) -> Case:
+    """A Hugging Face decoder layer with its rotary tables (float32 inside)."""
+    layer_cls, cfg = _hf(path, cls, config, hidden_size=D, intermediate_size=D_FF, **options)
+    X, T = _rows()
+    tables = _rotary(path, rotary, cfg, X)
+    return Case(randomise(layer_cls(cfg, layer_idx=0).to(DTYPE)), X, T,
+                {"position_embeddings": tables}, float32_inside=True)
+
+
+#: ``rope_parameters`` of each scaled rotary type
+ROPE = {"linear": {"rope_type": "linear", "factor": 2.0},
+        "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+        "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+        "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8}}
+
+
+def llama_rope(kind: str) -> Case:
+    return _decoder_layer("llama.modeling_llama", "LlamaDecoderLayer", "LlamaConfig",
+                          "LlamaRotaryEmbedding", num_attention_heads=2 * HEADS,
+                          num_key_value_heads=HEADS, head_dim=4, attention_bias=True,
+                          max_position_embeddings=16,
+                          rope_parameters={**ROPE[kind], "rope_theta": 500.0})
+
+
+def falcon_layer(new_architecture: bool = False) -> Case:
+    """Falcon's parallel attention and MLP on one norm (``new_decoder_architecture``: two
+    norms, grouped queries), eager attention with a causal mask."""
+    heads = dict(num_attention_heads=2 * HEADS, num_kv_heads=HEADS) if new_architecture \
+        else dict(num_attention_heads=HEADS)
+    cls, config = _hf("falcon.modeling_falcon", "FalconDecoderLayer", "FalconConfig",
+                      hidden_size=D, ffn_hidden_size=D_FF, parallel_attn=True, alibi=False,
+                      bias=True, new_decoder_architecture=new_architecture, **heads)
+    config._attn_implementation = "eager"
+    X, T = _rows()
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=DTYPE)
+    inputs = {"alibi": None, "attention_mask": causal.expand(B, 1, L, L).contiguous(),
+              "position_embeddings": _rotary("falcon.modeling_falcon", "FalconRotaryEmbedding",
+                                             config, X)}
+    return Case(randomise(cls(config, layer_idx=0).to(DTYPE)), X, T, inputs)
+
+
+def t5_block(decoder: bool = False) -> Case:
+    """A T5 block with its relative position bias; the decoder's with cross-attention to
+    encoder states one longer than ``X``."""
+    cls, config = _hf("t5.modeling_t5", "T5Block", "T5Config", d_model=D, d_kv=D // HEADS,
+                      num_heads=HEADS, d_ff=D_FF, relative_attention_num_buckets=8,
+                      relative_attention_max_distance=16, is_decoder=decoder)
+    X, T = _rows()
+    inputs = {}
+    if decoder:
+        generator = torch.Generator().manual_seed(7)
+        inputs["encoder_hidden_states"] = torch.randn(B, L + 1, D, generator=generator,
+                                                      dtype=DTYPE)
+    block = cls(config, has_relative_attention_bias=True, layer_idx=0).to(DTYPE)
+    return Case(randomise(block), X, T, inputs, float32_inside=True)
+
+
+def _tokens(classes: int = 30, per_token: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 30, (B, L), generator=generator)
+    return ids, torch.randint(0, classes, (B, L) if per_token else (B,), generator=generator)
+
+
+def gpt2_lm() -> Case:
+    """GPT-2 with its language-model head tied to the token embedding, on token ids."""
+    cls, config = _hf("gpt2.modeling_gpt2", "GPT2LMHeadModel", "GPT2Config", n_embd=D,
+                      n_head=HEADS, n_inner=D_FF, n_layer=2, n_positions=16, vocab_size=30,
+                      bos_token_id=0, eos_token_id=0)
+    return Case(randomise(cls(config).to(DTYPE)), *_tokens(), {"use_cache": False},
+                "cross_entropy")
+
+
+def llama_lm() -> Case:
+    cls, config = _hf("llama.modeling_llama", "LlamaForCausalLM", "LlamaConfig", hidden_size=D,
+                      num_attention_heads=2 * HEADS, num_key_value_heads=HEADS,
+                      intermediate_size=D_FF, num_hidden_layers=2, vocab_size=30,
+                      rope_theta=500.0)
+    return Case(randomise(cls(config).to(DTYPE)), *_tokens(), {"use_cache": False},
+                "cross_entropy", float32_inside=True)
+
+
+def bert_classifier() -> Case:
+    cls, config = _hf("bert.modeling_bert", "BertForSequenceClassification", "BertConfig",
+                      hidden_size=D, num_attention_heads=HEADS, intermediate_size=D_FF,
+                      num_hidden_layers=2, vocab_size=30, max_position_embeddings=16,
+                      num_labels=3)
+    return Case(randomise(cls(config).to(DTYPE)), *_tokens(3, per_token=False),
+                {"attention_mask": _padding()}, "cross_entropy")
+
+
+def clip_quick_gelu() -> Case:
+    cls, config = _hf("clip.modeling_clip", "CLIPEncoderLayer", "CLIPVisionConfig",
+                      hidden_size=D, num_attention_heads=HEADS, intermediate_size=D_FF,
+                      hidden_act="quick_gelu")
+    return Case(randomise(cls(config).to(DTYPE)), *_rows(),
+                {"attention_mask": None, "causal_attention_mask": None}, float32_inside=True)
+
+
+def _timm(cls: str, **options: Any) -> Case:
+    import_timm()
+    module = __import__(f"timm.models.{'eva' if cls == 'Eva' else 'vision_transformer'}",
+                        fromlist=[cls])
+    torch.manual_seed(0)
+    model = getattr(module, cls)(img_size=8, patch_size=4, in_chans=3, num_classes=5,
+                                 embed_dim=D, depth=2, num_heads=HEADS, mlp_ratio=D_FF / D,
+                                 **options).to(DTYPE)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(B, 3, 8, 8, generator=generator, dtype=DTYPE)
+    labels = torch.randint(0, 5, (B,), generator=generator)
+    return Case(randomise(model), images, labels, loss="cross_entropy")
+
+
+def decoder_layer(causal: bool = False) -> Case:
+    """``nn.TransformerDecoderLayer`` on ``X`` with a memory one longer than ``X``."""
+    torch.manual_seed(0)
+    layer = randomise(torch.nn.TransformerDecoderLayer(D, HEADS, D_FF, batch_first=True,
+                                                       dtype=DTYPE))
+    X, T = _rows()
+    generator = torch.Generator().manual_seed(7)
+    inputs: dict[str, Any] = {"memory": torch.randn(B, L + 1, D, generator=generator,
+                                                    dtype=DTYPE)}
+    if causal:
+        inputs.update(tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(
+            L, dtype=DTYPE), tgt_is_causal=True)
+    return Case(layer, X, T, inputs)
+
+
 #: Every family, by name: ``name -> builder``.
 FAMILIES: dict[str, Callable[[], Case]] = {
     "TransformerEncoderLayer post-LN ReLU": lambda: encoder_layer(),
@@ -270,4 +399,37 @@ FAMILIES: dict[str, Callable[[], Case]] = {
     "MistralDecoderLayer": mistral_layer,
     "timm Block": timm_block,
     "timm VisionTransformer": timm_vit,
+    "Qwen2DecoderLayer": lambda: _decoder_layer(
+        "qwen2.modeling_qwen2", "Qwen2DecoderLayer", "Qwen2Config", "Qwen2RotaryEmbedding",
+        num_attention_heads=2 * HEADS, num_key_value_heads=HEADS),
+    "GPTNeoXLayer partial rotary": lambda: _decoder_layer(
+        "gpt_neox.modeling_gpt_neox", "GPTNeoXLayer", "GPTNeoXConfig", "GPTNeoXRotaryEmbedding",
+        num_attention_heads=HEADS, use_parallel_residual=True, rotary_pct=0.5),
+    "PhiDecoderLayer partial rotary": lambda: _decoder_layer(
+        "phi.modeling_phi", "PhiDecoderLayer", "PhiConfig", "PhiRotaryEmbedding",
+        num_attention_heads=HEADS, partial_rotary_factor=0.5),
+    "FalconDecoderLayer parallel": falcon_layer,
+    "FalconDecoderLayer new architecture": lambda: falcon_layer(new_architecture=True),
+    **{f"LlamaDecoderLayer rope {kind}": (lambda kind=kind: llama_rope(kind)) for kind in ROPE},
+    "GemmaDecoderLayer": lambda: _decoder_layer(
+        "gemma.modeling_gemma", "GemmaDecoderLayer", "GemmaConfig", "GemmaRotaryEmbedding",
+        num_attention_heads=2 * HEADS, num_key_value_heads=HEADS, head_dim=6),
+    "Gemma2DecoderLayer": lambda: _decoder_layer(
+        "gemma2.modeling_gemma2", "Gemma2DecoderLayer", "Gemma2Config",
+        "Gemma2RotaryEmbedding", num_attention_heads=2 * HEADS, num_key_value_heads=HEADS,
+        head_dim=6, query_pre_attn_scalar=6, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, sliding_window=16),
+    "T5Block encoder": t5_block,
+    "T5Block decoder": lambda: t5_block(decoder=True),
+    "GPT2LMHeadModel input_ids": gpt2_lm,
+    "LlamaForCausalLM input_ids": llama_lm,
+    "BertForSequenceClassification input_ids": bert_classifier,
+    "CLIPEncoderLayer quick_gelu": clip_quick_gelu,
+    "timm ViT LayerScale": lambda: _timm("VisionTransformer", init_values=0.1),
+    "timm ViT qkv_bias=False": lambda: _timm("VisionTransformer", qkv_bias=False),
+    "timm ViT global_pool=avg": lambda: _timm("VisionTransformer", global_pool="avg"),
+    "timm Eva": lambda: _timm("Eva", use_rot_pos_emb=True, swiglu_mlp=True,
+                              ref_feat_shape=(2, 2)),
+    "nn.TransformerDecoderLayer": decoder_layer,
+    "nn.TransformerDecoderLayer causal": lambda: decoder_layer(causal=True),
 }
