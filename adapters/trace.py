@@ -374,11 +374,7 @@ def _transformed(value: torch.Tensor, transform: str, X: torch.Tensor) -> torch.
     if transform == "additive_where":  # True where the scores are set to -inf
         return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
             value.bool(), float("-inf"))
-    if transform == "float":
-        return value.to(X.dtype)
-    if not value.is_floating_point():
-        raise UnsupportedOperation(f"a constant of dtype {value.dtype} read as a number")
-    return value.to(X.dtype)
+    return value.to(X.dtype)  # a boolean or integer one promoted, as torch's arithmetic does
 
 
 def _table(constant: Constant, dims: dict[str, int], X: torch.Tensor) -> torch.Tensor:

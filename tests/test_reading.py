@@ -202,13 +202,43 @@ def test_an_operation_outside_the_vocabulary_is_refused_with_its_path():
     (lambda c, X, T: c.hvp(X, T, X.numpy()), TypeError, r"v: expected a torch.Tensor"),
     (lambda c, X, T: c.hvp(X, T, torch.zeros(10, 0, dtype=DTYPE)), ValueError,
      r"v: expected shape \(\d+,\) or \(\d+, k\) with k >= 1"),
-    (lambda c, X, T: c.gradient(X.long(), T), TypeError, r"X: expected a floating-point"),
+    (lambda c, X, T: c.gradient(X.long(), T), UnsupportedLayer,
+     r"operation add .*token ids read only as an embedding's indices"),
+    (lambda c, X, T: c.gradient(X.bool(), T), TypeError,
+     r"X: expected a floating-point tensor .* or integer token ids, got dtype torch.bool"),
 ])
 def test_bad_calls_are_refused_naming_the_argument(call, error, message):
     case = encoder_layer()
     c = curvgap.curvature(case.module)
     with pytest.raises(error, match=message):
         call(c, case.X, case.T)
+
+
+class Tokens(torch.nn.Module):
+    """Token ids embedded, and (``scaled``) read as numbers besides."""
+
+    def __init__(self, scaled: bool = False) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(11, D, dtype=DTYPE)
+        self.scaled = scaled
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.embedding(ids) * (ids > 0).unsqueeze(-1)  # a mask from the ids: a constant
+        return out * ids.unsqueeze(-1).to(DTYPE) if self.scaled else out
+
+
+def test_token_ids_are_read_as_one_hot_rows_and_nothing_else():
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 11, (2, 5), generator=generator)
+    T = torch.randn(2, 5, D, generator=generator, dtype=DTYPE)
+    module = randomise(Tokens())
+    c = curvgap.curvature(module)
+    assert relative(c.gradient(ids, T), Reference(module, ids, T).gradient()) <= 1e-12
+    with pytest.raises(ValueError, match=r"X: expected token ids in \[0, 11\), got ids from 11 "
+                                         r"to 11"):
+        c.gradient(torch.full((2, 5), 11), T)
+    with pytest.raises(UnsupportedLayer, match=r"token ids read only as an embedding's indices"):
+        curvgap.curvature(Tokens(scaled=True)).gradient(ids, T)
 
 
 def test_a_cross_entropy_target_on_the_meta_device_is_refused():
