@@ -79,20 +79,23 @@ def signature(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
 
 def _dynamic(call: Call, X: torch.Tensor, kwargs: dict, fixed: frozenset = frozenset()
              ) -> tuple:
-    """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free,
-    every other tensor's dimensions left for the export to relate, but those of ``fixed``
-    (``(id(tensor), dim)``): a tensor of ``X``'s rank (an encoder's states) has its batch
-    there bound to ``X``'s, the others are kept at the size given."""
+    """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free;
+    the dimensions of other tensors that have those sizes left for the export to relate (but
+    those of ``fixed``: ``(id(tensor), dim)``), the rest kept at the size given; a tensor of
+    ``X``'s rank (an encoder's states) has its batch there bound to ``X``'s."""
     batch = torch.export.Dim("batch")
     free = {call.batch_dim: batch}
     if X.ndim == 3:
         free[1 - call.batch_dim] = torch.export.Dim.DYNAMIC
 
+    free_sizes = {X.shape[k] for k in free}
+
     def spec(v: torch.Tensor) -> dict:
+        # free: a dimension of X's batch or sequence size (a mask's, a rotary table's rows)
         tied = v.ndim == X.ndim and v.shape[call.batch_dim] == X.shape[call.batch_dim]
         return {k: batch if tied and k == call.batch_dim else torch.export.Dim.AUTO
-                for k in range(v.ndim)
-                if (id(v), k) not in fixed or (tied and k == call.batch_dim)}
+                for k in range(v.ndim) if (tied and k == call.batch_dim) or (
+                    v.shape[k] in free_sizes and (id(v), k) not in fixed)}
 
     args, kw = call.arguments(X, kwargs)
     specs = pytree.tree_map(lambda v: spec(v) if isinstance(v, torch.Tensor) else None, kw)
