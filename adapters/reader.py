@@ -785,14 +785,19 @@ class Reader:
                               "fixed size")
         hot = Value(ids.dims + [[Axis(full[0].size.root())]], constant=ids.constant,
                     transform=f"index:{full[0].extent}")
+        return self._by_rows(value, dim, hot)
+
+    def _by_rows(self, value: Value, dim: int, hot: Value) -> Value:
+        """``value``'s dimension ``dim`` (one axis) contracted with the last of ``hot`` (one-hot
+        rows): ``out[.., i.., ..] = Σ_r hot[i.., r] value[.., r, ..]``, ``hot``'s other
+        dimensions in place of ``dim``."""
         sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
-        picked = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
+        picked = [[a.size.root() for a in d] for d in self.leaf_dims(hot)[:-1]]
         out_sizes = sizes[:dim] + picked + sizes[dim + 1:]
         labels = self.out_labels(out_sizes)
         inner = self.label()
-        own = labels[:dim] + [[inner]] + labels[dim + len(picked):]
         return self.emit(out_sizes, labels, [(sp.Integer(1), [
-            self.operand(value, own),
+            self.operand(value, labels[:dim] + [[inner]] + labels[dim + len(picked):]),
             self.operand(hot, labels[dim:dim + len(picked)] + [[inner]])])])
 
     @reads(aten.embedding.default)
@@ -808,13 +813,7 @@ class Reader:
             raise self.refuse("an embedding table with one row axis")
         hot = Value(ids.dims + [[Axis(rows[0].size.root())]], constant=ids.constant,
                     transform=f"one_hot:{rows[0].extent}")
-        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
-        feature = [a.size.root() for a in self.leaf_dims(table)[1]]
-        labels = self.out_labels(sizes + [feature])
-        row = self.label()
-        return self.emit(sizes + [feature], labels, [(sp.Integer(1), [
-            self.operand(hot, labels[:-1] + [[row]]),
-            self.operand(table, [[row], labels[-1]])])])
+        return self._by_rows(table, 0, hot)
 
     def _embedded_tokens(self, table: Value, ids: Value) -> Value:
         """``X W`` with ``X`` the one-hot rows of the token ids (one per id, over the
@@ -829,13 +828,7 @@ class Reader:
         self.inputs["X"] = ("input", X)
         self._tensor_axes["X"] = X.axes
         self.vocabulary = int(vocabulary.extent)
-        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(ids)]
-        feature = [a.size.root() for a in self.leaf_dims(table)[1]]
-        labels = self.out_labels(sizes + [feature])
-        row = self.label()
-        return self.emit(sizes + [feature], labels, [(sp.Integer(1), [
-            self.operand(X, labels[:-1] + [[row]]),
-            self.operand(table, [[row], labels[-1]])])])
+        return self._by_rows(table, 0, X)
 
     # -- elementwise ---------------------------------------------------------------------------
     def _unary(self, source, fn: Callable[[sp.Expr], sp.Expr]) -> Value:
