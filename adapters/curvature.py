@@ -20,7 +20,7 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import math
 import re
 import sys
 import time
@@ -65,13 +65,13 @@ class _Read:
         return len(self.trace.programs) > 1
 
     def runner(self, scope: str = "products") -> ModuleType | Chain:
-        """What computes this module's derivatives: the generated module of its one part, or
-        the chain of its parts' modules, derived for ``scope`` (``"products"``: loss,
-        gradient, HVP and GN products; ``"blocks"``: Hessian blocks, Jacobians, diagonals
-        too), generated on first use."""
+        """What computes this module's derivatives, derived for ``scope``, generated on first
+        use: for ``"products"`` (loss, gradient, HVP and GN products) the chain of its parts'
+        modules (one part or several); for ``"blocks"`` (Hessian blocks, Jacobians,
+        diagonals too) the generated module of its one part, or the chain of its parts."""
         if scope not in self.runners:
             programs = [dataclasses.replace(p, scope=scope) for p in self.trace.programs]
-            if len(programs) == 1:
+            if len(programs) == 1 and scope != "products":
                 self.runners[scope] = module_for(programs[0])
             else:
                 self.runners[scope] = Chain([(prefix[:-1], program) for prefix, program in
@@ -229,18 +229,51 @@ class Curvature:
                 parts.append(sum(values.narrow(axis, offsets[r], size) for r in ours))
         return torch.cat(parts, axis)
 
-    @classmethod
-    def _gather(cls, v: torch.Tensor, pieces: list, used: list[str]) -> torch.Tensor:
-        """The rows of ``v`` (``pieces`` concatenated) for the ``used`` parameters, in their
-        order (a tied weight's rows for each place it is read)."""
-        if cls._same(pieces, used):
-            return v
-        rows, offset = {}, 0
-        for _, ours, size in pieces:
-            for r in ours:
-                rows[r] = v[offset:offset + size]
-            offset += size
-        return torch.cat([rows[name] for name in used])
+    @staticmethod
+    def _directions(v: torch.Tensor, pieces: list, params: dict) -> list[dict]:
+        """Per column of ``v`` (one for a vector; entries of ``pieces`` in the module's order),
+        the direction of each runner parameter: a view of ``v`` shaped as the parameter (a tied
+        weight's for each place it is read)."""
+        columns = [v] if v.ndim == 1 else [v[:, j] for j in range(v.shape[1])]
+        directions = []
+        for column in columns:
+            direction, offset = {}, 0
+            for _, ours, size in pieces:
+                for name in ours:
+                    direction[name] = column[offset:offset + size].reshape(params[name].shape)
+                offset += size
+            directions.append(direction)
+        return directions
+
+    @staticmethod
+    def _assembled(columns: list[dict], pieces: list, like: torch.Tensor, quantity: str,
+                   matrix: bool = False) -> torch.Tensor:
+        """The runner's results (per column, runner name → array) written once into one
+        array in the module's order of ``pieces``, in ``like``'s dtype: zeros where a piece
+        is not used, the sum where a tied weight is read in several places; ``(n,)``, or
+        ``(n, k)`` for ``matrix``. FloatingPointError where it is not finite (every input
+        was checked finite: the arithmetic overflowed)."""
+        n = sum(size for *_, size in pieces)
+        out = torch.empty((n, len(columns)) if matrix else (n,), dtype=like.dtype,
+                          device=like.device)
+        for j, values in enumerate(columns):
+            column = out[:, j] if matrix else out
+            offset = 0
+            for _, ours, size in pieces:
+                slot = column[offset:offset + size]
+                if not ours:
+                    slot.zero_()
+                else:
+                    slot.copy_(values[ours[0]].reshape(-1))
+                    for name in ours[1:]:
+                        slot.add_(values[name].reshape(-1))
+                offset += size
+        if not math.isfinite(float(out.sum())) and not bool(torch.isfinite(out).all()):
+            raise FloatingPointError(
+                f"{quantity} has entries that are inf or NaN although every input is finite: "
+                f"the arithmetic overflowed {like.dtype}; pass inputs and parameters of smaller "
+                "magnitude (or float64)")
+        return out
 
     @staticmethod
     def _untied(pieces: list, what: str) -> None:
@@ -279,15 +312,8 @@ class Curvature:
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n)
-        if read.chained:  # a chain gives every parameter's: the ones asked for taken out
-            every = self._pieces(read, list(self.names))
-            full = self._spread(read.runner().gradient(params, X, T), every,
-                                self._used(read, every))
-            offsets = dict(zip(self.names, itertools.accumulate(
-                [size for *_, size in every], initial=0)))
-            return torch.cat([full[offsets[name]:offsets[name] + size]
-                              for name, _, size in pieces])
-        return self._spread(read.runner().gradient(params, X, T, wrt=used), pieces, used)
+        values, _ = read.runner().gradient_pieces(params, X, T)
+        return self._assembled([values], pieces, X, "gradient: the gradient")
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
@@ -353,8 +379,18 @@ class Curvature:
                              f"{tuple(v.shape)}")
         if not used:
             return torch.zeros_like(v)
-        return self._spread(product(params, X, T, self._gather(v, pieces, used), wrt=used),
-                            pieces, used)
+        return self._applied(kind, read, params, X, T, v, pieces)
+
+    def _applied(self, kind: str, read: _Read, params: dict, X: torch.Tensor, T: Any,
+                 v: torch.Tensor, pieces: list) -> torch.Tensor:
+        """``kind`` (``"hvp"``, ``"gnvp"``) of ``v`` (``(n,)`` or ``(n, k)``, the entries of
+        ``pieces`` in the module's order): the directions read as views of ``v`` in the
+        runner's parameters, the products written once in the module's order."""
+        values = read.runner().product_pieces(kind, params, X, T,
+                                              self._directions(v, pieces, params))
+        name = "Hessian" if kind == "hvp" else "Gauss–Newton"
+        return self._assembled(values, pieces, v, f"{kind}: the {name}-vector product",
+                               v.ndim == 2)
 
     @over_batches(state=lambda self: self.module)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",
@@ -420,13 +456,11 @@ class Curvature:
             def multiply(V: torch.Tensor) -> torch.Tensor:
                 if not used:
                     return torch.zeros_like(V)
-                out = getattr(read.runner(), kind)(params, X_, T_, self._gather(V, pieces, used),
-                                                 wrt=used)
-                return self._spread(out, pieces, used)
+                return self._applied(kind, read, params, X_, T_, V, pieces)
             return multiply
 
         return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,
-                                 X.dtype, X.device)
+                                 X_.dtype, X_.device)
 
     def latex(self, X: torch.Tensor, part: str | None = None, **inputs: Any) -> str:
         """The LaTeX document of what curvgap derived for this module with these inputs

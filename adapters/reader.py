@@ -740,7 +740,8 @@ class Reader:
 
     @reads(aten.cat.default)
     def _read_cat(self, node, sources, dim=0) -> Value:
-        values = [self.value(s) for s in sources if self.values.get(s.name) is not EMPTY]
+        values = [self.value(s) for s in sources if self.values.get(s.name) is not EMPTY
+                  and self.shape_of(s) != [0]]  # torch.cat skips a 1-d empty tensor too
         if len(values) == 1:
             return values[0]
         return self._concatenated(node, values, dim % len(values[0].dims))

@@ -109,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--accuracy", action="store_true",
                        help="the errors of torch.func's and curvlinops' Hessian products "
                             "on common Transformer layers, beside curvgap's")
+    bench.add_argument("--models", action="store_true",
+                       help="whole models at real size (GPT-2 small, a Llama layer at hidden "
+                            "2048, ViT-B/16) against autograd: time, memory, agreement, the "
+                            "top eigenvalue")
     bench.add_argument("--distributed", action="store_true",
                        help="curvature over the digits ViT's training set on 1 and 2 "
                             "processes (torch.distributed, gloo on 127.0.0.1)")
@@ -198,6 +202,8 @@ def _results_folder(args: argparse.Namespace) -> Path:
         names = ["report.md", "report.json", *FIGURES.values()]
     elif args.distributed:
         names = ["distributed.json"]
+    elif args.models:
+        names = ["models.json"]
     elif args.accuracy:
         names = ["accuracy.json"]
     elif args.scale:
@@ -230,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         from ..benchmarks.distributed import run_distributed
 
         run_distributed(args.quick, args.out)
+        return 0
+    if args.command == "bench" and args.models:
+        from ..benchmarks.models import run_models
+
+        run_models(args.quick, args.out)
         return 0
     if args.command == "bench" and args.scale:
         from ..benchmarks.scale import run_scale

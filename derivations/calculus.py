@@ -259,7 +259,13 @@ def propagate_adjoints(graph: Graph, assigns: list, output: Tensor, seed_expr: E
                         Term(scale * o.coeff * local.coeff, o.factors + rest + ties), summed))
     for name, terms in pending.items():
         assert name not in defined
-        adjoints[name] = _bind_adjoint(graph, graph.tensors[name], terms)
+        tensor = graph.tensors[name]
+        if tensor.role == "param":
+            # left inline: a parameter's gradient, averaged over the batch, then contracts
+            # the batch with the sequence in one product (never a per-sample gradient)
+            adjoints[name] = Expr(terms, tensor.indices).simplified()
+        else:
+            adjoints[name] = _bind_adjoint(graph, tensor, terms)
     return adjoints
 
 

@@ -413,7 +413,8 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
     """Groups ``jvp`` (``dZ`` along directions ``u_V`` in every variable, per sample) and
     ``hvp_joint`` (forward mode along the same directions and one ``u_T`` in the target,
     over the adjoints: the parameters' product averaged over the batch, ``X``'s per
-    sample)."""
+    sample). ``hvp_joint`` continues from ``jvp``'s tangents of the forward nodes (a chain
+    computes them on its way up), so its own sweep covers only the loss and the adjoints."""
     g = der.graph
     directions, inputs = calculus.Tangents(()), {}
     for var in der.variables:
@@ -421,24 +422,22 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
                                    batched=var is der.X)
         directions.by_name[var.name] = inputs[var.name][var.indices].with_free(var.indices)
     with der.add_group("jvp", ("forward",)):
-        tangents = calculus.propagate(g, g.in_group("forward"),
-                                      calculus.Tangents((), dict(directions.by_name)), "u")
+        tangents = calculus.propagate(g, g.in_group("forward"), directions, "u")
         der.add("jvp", (), g.output("jvp_Z", tangents.of(der.output)))
         output_tangent = tangents.of(der.output)
     # the target has a direction too: with the linear loss Σ T∘Z its product is J^T u_T,
     # the second term of a cotangent's tangent when modules are chained
     target = g.input("u_T", der.target.shape, role="direction")
-    directions.by_name[der.target.name] = target[der.target.indices].with_free(
+    tangents.by_name[der.target.name] = target[der.target.indices].with_free(
         der.target.indices)
-    program = (g.in_group("forward") + g.in_group("loss") + g.in_group("loss_adjoints")
-               + g.in_group("adjoints"))
-    with der.add_group("hvp_joint", ("adjoints",)):
+    program = g.in_group("loss") + g.in_group("loss_adjoints") + g.in_group("adjoints")
+    with der.add_group("hvp_joint", ("adjoints", "jvp")):
         # the input's gradient on the way (a chain's next cotangent down)
         der.add("joint_gradient", (der.X.name,),
                 g.output(f"joint_gradient_{der.X.name}", adjoints[der.X.name]))
-        calculus.propagate(g, program, directions, "w")
+        calculus.propagate(g, program, tangents, "w")
         for var in der.variables:
-            hv = calculus.differentiate(g, adjoints[var.name], directions)
+            hv = calculus.differentiate(g, adjoints[var.name], tangents)
             der.add("hvp_joint", (var.name,), g.output(f"hvp_joint_{var.name}", hv,
                                                        mean_over_batch=var is not der.X),
                     direction=inputs[var.name].name)

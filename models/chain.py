@@ -47,6 +47,12 @@ from ..derivations.program import Program
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
 
+def _key(prefix: str, name: str) -> str:
+    """A part's parameter ``name`` as the chain names it: ``"<prefix>.<name>"`` (just
+    ``name`` in a part without a prefix, a chain of one part)."""
+    return f"{prefix}.{name}" if prefix else name
+
+
 class Chain:
     """Parts applied one after another, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, each part
     a ``(prefix, config)`` of any kind whose input is the previous part's output (an
@@ -78,10 +84,10 @@ class Chain:
         empty = [prefix for prefix, names in zip(self.prefixes, self.part_params) if not names]
         if empty:
             raise ValueError(f"parts: expected parts with parameters, got none in {empty}")
-        self.PARAMS = [f"{prefix}.{name}" for prefix, names in zip(self.prefixes,
+        self.PARAMS = [_key(prefix, name) for prefix, names in zip(self.prefixes,
                                                                     self.part_params)
                        for name in names]
-        self.CONSTANTS = [f"{prefix}.{name}" for prefix, names in zip(self.prefixes,
+        self.CONSTANTS = [_key(prefix, name) for prefix, names in zip(self.prefixes,
                                                                        self.part_constants)
                           for name in names]
         self.depth = len(parts)
@@ -97,7 +103,7 @@ class Chain:
                 dims["d_v"] = dims["d"] // dims["h"]
             for name, shape in module.PARAMS:
                 try:
-                    shapes[f"{prefix}.{name}"] = tuple(
+                    shapes[_key(prefix, name)] = tuple(
                         int(np.prod([dims[factor] for factor in size.split("*")]))
                         for size in shape)
                 except KeyError as missing:
@@ -112,7 +118,7 @@ class Chain:
         if missing or unknown:
             raise ValueError(f"params: expected exactly the keys {expected}, got unknown "
                              f"{unknown} and missing {missing}")
-        return [{name: params[f"{prefix}.{name}"] for name in [*names, *constants]}
+        return [{name: params[_key(prefix, name)] for name in [*names, *constants]}
                 for prefix, names, constants in zip(self.prefixes, self.part_params,
                                                     self.part_constants)]
 
@@ -146,34 +152,102 @@ class Chain:
             return torch.zeros(n, n, dtype=like.dtype, device=like.device)
         return np.zeros((n, n), dtype=like.dtype)
 
-    def _cotangents(self, layers: list[dict], inputs: list[Array],
-                    target: Array) -> list[Array | None]:
-        """Per part ``k < N-1``, the cotangent ``∂ℓ_b/∂Z`` of its output per sample (shaped
-        as that output, the next part's input); ``None`` for the top part, whose loss is the
-        model's own."""
-        g: list[Array | None] = [None] * self.depth
-        for k in range(self.depth - 2, -1, -1):
-            cotangent = target if k == self.depth - 2 else g[k + 1]
-            g[k] = self.modules[k + 1].gradient(layers[k + 1], inputs[k + 1], cotangent,
-                                                wrt="X").reshape(inputs[k + 1].shape)
-        return g
+    def _saved(self, layers: list[dict], X: Array, start: int = 0) -> list:
+        """Each part's saved call (:func:`forward_saved` of its module) from part ``start``
+        up (``None`` below it), ``X`` the input of part 0; the input of each part is its
+        saved ``X``."""
+        saved: list = [None] * self.depth
+        Z = X
+        for k in range(self.depth):
+            if k < start:
+                Z = self.modules[k].forward(layers[k], Z)
+            else:
+                Z, saved[k] = self.modules[k].forward_saved(layers[k], Z)
+        return saved
+
+    def _backward(self, layers: list[dict], X: Array, target: Array) -> tuple[list, list]:
+        """One forward pass and one adjoint sweep: per part its input ``Z_{k-1}``, and
+        ``(gradients, g)``: its parameters' gradients (a dict of arrays averaged over the
+        batch) and the cotangent ``∂ℓ_b/∂Z_{k-1}`` of its input per sample (shaped as the
+        input), the first part's being the gradient in ``X``."""
+        saved = self._saved(layers, X)
+        inputs = [part["_like"] for part in saved]
+        gradients, cotangents, cotangent = [None] * self.depth, [None] * self.depth, target
+        for k in range(self.depth - 1, -1, -1):
+            gradients[k], cotangent = self.modules[k].vjp_saved(saved[k], cotangent)
+            cotangents[k], saved[k] = cotangent, None  # its forward values are freed
+        return inputs, gradients, cotangents
+
+    def _cotangents(self, layers: list[dict], X: Array, target: Array) -> tuple[list, list]:
+        """Every part's input, and per part ``k < N-1`` the cotangent ``∂ℓ_b/∂Z`` of its output
+        per sample (shaped as that output, the next part's input); ``None`` for the top part,
+        whose loss is the model's own."""
+        inputs, _, cotangents = self._backward(layers, X, target)
+        return inputs, [*cotangents[1:], None]
+
+    def _finished(self, value: Array, like: Array, quantity: str) -> Array:
+        """``value`` in the dtype of ``like``; FloatingPointError where it is not finite
+        (every input was checked finite: the arithmetic overflowed)."""
+        finite = (bool(torch.isfinite(value).all()) if self.backend == "torch"
+                  else bool(np.isfinite(value).all()))
+        if not finite:
+            raise FloatingPointError(f"{quantity} has entries that are inf or NaN although "
+                                     f"every input is finite: the arithmetic overflowed "
+                                     f"{value.dtype}; pass inputs and parameters of smaller "
+                                     f"magnitude (or float64)")
+        return self._cast(value, like)
+
+    def _widened(self, params: dict[str, Array], X: Array, *others: Array) -> tuple:
+        """``params``, ``X`` and ``others`` with a batch axis on ``X`` (a single sample gets
+        one: ``single``) and in the dtype they are computed in (float16 and bfloat16 in
+        float32, so that every part computes in it): ``(params, X, others, single)``."""
+        single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
+        if single:
+            X = X[None]
+        if self.backend == "torch" and X.dtype in (torch.float16, torch.bfloat16):
+            def wide(a):
+                return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            return ({k: wide(a) for k, a in params.items()}, wide(X),
+                    tuple(wide(o) for o in others), single)
+        if self.backend == "numpy" and X.dtype == np.float16:
+            def wide(a):
+                return a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
+            return ({k: wide(a) for k, a in params.items()}, wide(X),
+                    tuple(wide(o) for o in others), single)
+        return params, X, others, single
+
+    def gradient_pieces(self, params: dict[str, Array], X: Array, target: Array
+                        ) -> tuple[dict[str, Array], Array]:
+        """One forward pass and one adjoint sweep through every part: each parameter's
+        gradient (name of ``PARAMS`` → array of the parameter's size; ``reshape(-1)`` is its
+        ``vec_r``), and per sample the gradient of each sample's own loss in its input, shaped
+        as ``X`` — in the dtype they are computed in (float16 and bfloat16 in float32), not
+        yet checked for overflow (:meth:`gradient` assembles and checks them)."""
+        params, X, (target,), single = self._widened(params, X, target)
+        if single:
+            raise ValueError(f"X: expected a batch of shape (B, "
+                             f"{', '.join(self.modules[0].INPUT_SHAPE)}), got shape "
+                             f"{tuple(X.shape)}")
+        _, gradients, cotangents = self._backward(self._layers(params), X, target)
+        return ({_key(prefix, name): value for prefix, part in zip(self.prefixes, gradients)
+                 for name, value in part.items()}, cotangents[0])
 
     @over_batches()
     def gradient(self, params: dict[str, Array], X: Array, target: Array,
                  wrt: str | None = None) -> Array:
         """The loss's gradient over every parameter in ``PARAMS`` order, ``(n,)``; with
         ``wrt="X"``, per sample the gradient of each sample's own loss in its input,
-        ``(B, n_X)``."""
+        ``(B, n_X)``. One forward pass and one adjoint sweep through every part."""
         if wrt not in (None, "X"):
             raise ValueError(f"wrt: expected None (every parameter) or 'X', got {wrt!r}")
-        layers = self._layers(params)
-        inputs = self._inputs(layers, X)
-        g = self._cotangents(layers, inputs, target)
+        single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
+        pieces, in_X = self.gradient_pieces(params, X[None] if single else X,
+                                            target[None] if single else target)
         if wrt == "X":
-            return self.modules[0].gradient(layers[0], X, g[0] if self.depth > 1 else target,
-                                            wrt="X")
-        return self._cat([module.gradient(values, x, cotangent) for module, values, x, cotangent
-                          in zip(self.modules, layers, inputs, [*g[:-1], target])])
+            value = in_X.reshape(in_X.shape[0], -1)
+            return self._finished(value[0] if single else value, X, "the gradient in X")
+        return self._finished(self._cat([pieces[name].reshape(-1) for name in self.PARAMS]),
+                              X, "the gradient")
 
     def _chosen(self, wrt: str | list[str] | None) -> list[list[str]]:
         """Per part, the names of its parameters in ``wrt`` (default: all), in its order."""
@@ -182,7 +256,7 @@ class Chain:
         if unknown or not names or len(set(names)) != len(names):
             raise ValueError(f"wrt: expected distinct names of PARAMS (such as "
                              f"{self.PARAMS[0]!r}), got {names}")
-        return [[n for n in part if f"{prefix}.{n}" in names]
+        return [[n for n in part if _key(prefix, n) in names]
                 for prefix, part in zip(self.prefixes, self.part_params)]
 
     def part_slices(self, params: dict[str, Array], wrt: str | list[str] | None = None
@@ -191,7 +265,7 @@ class Chain:
         over ``wrt``: part prefix → slice (the parts with no parameter in ``wrt`` left out)."""
         slices, offset = {}, 0
         for prefix, names in zip(self.prefixes, self._chosen(wrt)):
-            size = sum(int(np.prod(params[f"{prefix}.{n}"].shape)) for n in names)
+            size = sum(int(np.prod(params[_key(prefix, n)].shape)) for n in names)
             if size:
                 slices[prefix] = slice(offset, offset + size)
             offset += size
@@ -233,9 +307,10 @@ class Chain:
         if part not in ("full", "gauss_newton"):
             raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
                              f"{part!r}")
+        like = X
+        params, X, (target,), _ = self._widened(params, X, target)
         layers = self._layers(params)
-        inputs = self._inputs(layers, X)
-        g = self._cotangents(layers, inputs, target)
+        inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         J_X = {k: self.modules[k].jacobian(layers[k], inputs[k], "X")
                for k in range(lowest, self.depth - 1)}
@@ -292,8 +367,13 @@ class Chain:
                     mixed.insert(0, carried)
             M = H_XX
         if not to_input:
-            return H, None, None
-        return H, M, self._cat_last(mixed) if mixed else None
+            return self._cast(H, like), None, None
+        return (self._cast(H, like), self._cast(M, like),
+                self._cast(self._cat_last(mixed), like) if mixed else None)
+
+    def _cast(self, value: Array, like: Array) -> Array:
+        """``value`` in the dtype of ``like``."""
+        return value.to(like.dtype) if self.backend == "torch" else value.astype(like.dtype)
 
     def _low_rank(self, M: Array) -> tuple[Array, Array] | None:
         """``(U, λ)`` with ``M_b = U_b diag(λ_b) U_b^T`` for every sample ``b`` (``U`` of
@@ -337,9 +417,10 @@ class Chain:
                              f"{part!r}")
         to_input = isinstance(wrt, str) and wrt == "X"
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
+        like = X
+        params, X, (target,), _ = self._widened(params, X, target)
         layers = self._layers(params)
-        inputs = self._inputs(layers, X)
-        g = self._cotangents(layers, inputs, target)
+        inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         pieces, M = [None] * self.depth, None
         for k in range(self.depth - 1, lowest - 1, -1):
@@ -356,8 +437,9 @@ class Chain:
                 H_XX = module.loss_hessian(*args, wrt="X", part=part)
                 M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
         if to_input:
-            return (M * self._eye(M)).sum(-1)
-        return self._cat([pieces[k] for k in range(lowest, self.depth) if chosen[k]])
+            return self._cast((M * self._eye(M)).sum(-1), like)
+        return self._cast(self._cat([pieces[k] for k in range(lowest, self.depth)
+                                     if chosen[k]]), like)
 
     def _eye(self, M: Array) -> Array:
         n = M.shape[-1]
@@ -382,102 +464,123 @@ class Chain:
             J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
         return J
 
-    @staticmethod
-    def _is_matrix(v: Array, wrt: str | list[str] | None) -> bool:
-        return getattr(v, "ndim", 1) == 2 and not (isinstance(wrt, str) and wrt == "X")
-
-    def _columns(self, product, params: dict[str, Array], X: Array, target: Array, v: Array,
-                 wrt: str | list[str] | None) -> Array:
-        """``product`` of each column of ``v`` ``(n, k)``, as the columns of ``(n, k)``."""
-        columns = [product(params, X, target, v[:, k], wrt) for k in range(v.shape[1])]
-        return torch.stack(columns, 1) if self.backend == "torch" else np.stack(columns, 1)
-
-    def _directions(self, params: dict[str, Array], v: Array,
-                    wrt: str | list[str] | None) -> tuple:
-        """``(layers, chosen, pieces, lowest, start)`` for a product with ``v`` over ``wrt``:
-        the parameters and the ``wrt`` names per part, ``v`` cut into each part's piece,
-        the lowest part visited, and the input's direction (``wrt="X"``; else None)."""
+    def product_pieces(self, kind: str, params: dict[str, Array], X: Array, target: Array,
+                       directions: list[dict[str, Array]] | Array) -> list:
+        """``kind`` (``"hvp"`` or ``"gnvp"``) along each direction of ``directions``: a list of
+        dicts (name of ``PARAMS`` → direction shaped as the parameter; those left out are
+        zero), each giving a dict of the products over the parameters it names; or a per-sample
+        direction in the input, shaped as ``X``, giving per sample the product in the input.
+        One forward pass is kept for all directions (from the lowest part a direction moves),
+        then per direction one tangent sweep up (each part's ``jvp_saved``) and one sweep down
+        (``hvp_saved``: the adjoints, shared by the directions, and their tangents; ``gnvp``:
+        the top part's ``gnvp_saved``, then each part's transposed Jacobians by
+        ``vjp_saved``, no second derivative). Results are in the dtype they are computed in,
+        not yet checked for overflow."""
+        if kind not in ("hvp", "gnvp"):
+            raise ValueError(f"kind: expected 'hvp' or 'gnvp', got {kind!r}")
+        per_sample = not isinstance(directions, list)
+        params, wide, (target,), _ = self._widened(params, X, target)
+        if wide.dtype != X.dtype:  # the directions in the dtype computed in, too
+            directions = (self._cast(directions, wide) if per_sample else
+                          [{k: self._cast(a, wide) for k, a in d.items()} for d in directions])
+        X = wide
+        if per_sample:
+            columns, lowest = [directions], 0
+        else:
+            columns = [[{name: d[_key(prefix, name)] for name in names if _key(prefix, name) in d}
+                        for prefix, names in zip(self.prefixes, self.part_params)]
+                       for d in directions]
+            moving = [k for k in range(self.depth) if any(c[k] for c in columns)]
+            if not moving:
+                return [{} for _ in columns]
+            lowest = moving[0]
         layers = self._layers(params)
-        if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
-            return layers, [[]] * self.depth, [None] * self.depth, 0, v
-        chosen = self._chosen(wrt)
-        sizes = [sum(int(np.prod(layers[k][n].shape)) for n in names)
-                 for k, names in enumerate(chosen)]
-        if tuple(v.shape) != (sum(sizes),):
-            raise ValueError(f"v: expected shape ({sum(sizes)},) (the vec_r of the wrt "
-                             f"parameters concatenated), got shape {tuple(v.shape)}")
-        offsets = [sum(sizes[:k]) for k in range(self.depth + 1)]
-        pieces = [v[offsets[k]:offsets[k + 1]] if chosen[k] else None
-                  for k in range(self.depth)]
-        lowest = min(k for k, names in enumerate(chosen) if names)
-        return layers, chosen, pieces, lowest, None
+        saved = self._saved(layers, X, lowest)
+        results = []
+        for j, column in enumerate(columns):
+            last = j == len(columns) - 1
+            tangent = column if per_sample else None
+            for k in range(lowest, self.depth):
+                tangent = self.modules[k].jvp_saved(saved[k], None if per_sample else column[k],
+                                                    tangent)
+            products: list = [None] * self.depth
+            top = self.depth - 1
+            if kind == "hvp":
+                down, cotangent = None, target
+                for k in range(top, lowest - 1, -1):
+                    products[k], down, cotangent = self.modules[k].hvp_saved(
+                        saved[k], cotangent, down)
+                    saved[k] = None if last else saved[k]
+            else:
+                products[top], down = self.modules[top].gnvp_saved(saved[top], target)
+                for k in range(top - 1, lowest - 1, -1):
+                    products[k], down = self.modules[k].vjp_saved(saved[k], down)
+                    saved[k] = None if last else saved[k]
+            results.append(down if per_sample else
+                           {_key(self.prefixes[k], name): products[k][name]
+                            for k in range(lowest, self.depth) for name in column[k]})
+        return results
 
-    def _tangents(self, layers: list[dict], X: Array, chosen: list[list[str]],
-                  pieces: list, lowest: int, start: Array | None) -> tuple[list, dict]:
-        """Every part's input, and from part ``lowest`` up the tangent ``dZ_{k-1}`` of its
-        input along the direction (through each part's ``jvp``)."""
-        inputs = [X]
-        for k in range(lowest):
-            inputs.append(self.modules[k].forward(layers[k], inputs[-1]))
-        tangents = {lowest: start}  # dZ_{k-1}: the direction of part k's input, per sample
-        for k in range(lowest, self.depth - 1):
-            output, tangents[k + 1] = self.modules[k].jvp(
-                layers[k], inputs[k], pieces[k], tangents[k], wrt=chosen[k] or None)
-            inputs.append(output)
-        return inputs, tangents
+    def _product(self, kind: str, params: dict[str, Array], X: Array, target: Array,
+                 v: Array, wrt: str | list[str] | None) -> Array:
+        """:meth:`product_pieces` for ``v`` over ``wrt``, concatenated and checked."""
+        single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
+        if single:
+            X, target = X[None], target[None]
+        name = "Hessian" if kind == "hvp" else "Gauss–Newton"
+        quantity = f"{kind}: the {name}-vector product"
+        if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
+            n = int(np.prod(X.shape[1:]))
+            expected = (n,) if single else (X.shape[0], n)
+            if tuple(v.shape) != expected:
+                raise ValueError(f"v: expected shape {expected} (the input's vec_r per "
+                                 f"sample), got shape {tuple(v.shape)}")
+            down = self.product_pieces(kind, params, X, target, v.reshape(X.shape))[0]
+            value = down.reshape(X.shape[0], -1)
+            return self._finished(value[0] if single else value, X, quantity)
+        chosen = [_key(prefix, n) for prefix, part in zip(self.prefixes, self._chosen(wrt))
+                  for n in part]  # checked, in PARAMS order
+        shapes = [tuple(params[name].shape) for name in chosen]
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        if getattr(v, "ndim", 1) not in (1, 2) or tuple(v.shape[:1]) != (sum(sizes),):
+            raise ValueError(f"v: expected shape ({sum(sizes)},) or ({sum(sizes)}, k) (the "
+                             f"vec_r of the wrt parameters concatenated), got shape "
+                             f"{tuple(v.shape)}")
+        matrix = v.ndim == 2
+        directions = []
+        for column in ([v[:, j] for j in range(v.shape[1])] if matrix else [v]):
+            offsets = np.cumsum([0, *sizes])
+            directions.append({name: column[offsets[i]:offsets[i + 1]].reshape(shape)
+                               for i, (name, shape) in enumerate(zip(chosen, shapes))})
+        results = [self._cat([pieces[name].reshape(-1) for name in chosen])
+                   for pieces in self.product_pieces(kind, params, X, target, directions)]
+        if matrix:
+            value = torch.stack(results, 1) if self.backend == "torch" else np.stack(results, 1)
+        else:
+            value = results[0]
+        return self._finished(value, X, quantity)
 
     @over_batches()
     def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
             wrt: str | list[str] | None = None) -> Array:
         """The loss Hessian over ``wrt`` (default: all of ``PARAMS``) times ``v`` (the
         ``wrt`` blocks of ``vec_r`` concatenated, in ``PARAMS`` order), shape ``(n,)``, or
-        with ``wrt="X"`` per sample ``(B, n_X)`` for ``v`` of shape ``(B, n_X)``,
-        without forming the Hessian: one ``jvp`` up and one ``hvp_joint`` down per part
-        from the lowest part in ``wrt`` (each passing its output, or its input's gradient,
-        on as the next part's input, or cotangent). A matrix ``v`` of shape ``(n, k)`` gives
-        the ``k`` products as columns, ``(n, k)``."""
-        if self._is_matrix(v, wrt):
-            return self._columns(self.hvp, params, X, target, v, wrt)
-        layers, chosen, pieces, lowest, start = self._directions(params, v, wrt)
-        inputs, tangents = self._tangents(layers, X, chosen, pieces, lowest, start)
-        # down: dg_k, the tangent of the cotangent g_k = ∂ℓ_b/∂Z_k, passed down with it
-        products, down, cotangent = [None] * self.depth, None, target
-        for k in range(self.depth - 1, lowest - 1, -1):
-            products[k], down, gradient = self.modules[k].hvp_joint(
-                layers[k], inputs[k], cotangent, pieces[k], tangents[k],
-                wrt=chosen[k] or None, v_T=down)
-            cotangent = gradient.reshape(inputs[k].shape)
-        if start is not None:
-            return down
-        return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
+        with ``wrt="X"`` per sample ``(B, n_X)`` for ``v`` of shape ``(B, n_X)``, without
+        forming the Hessian (Pearlmutter's forward-over-reverse, one part at a time): one
+        forward pass, then the tangents ``dZ_k`` up through each part from the lowest in
+        ``wrt``, and down the cotangents ``g_k``, their tangents ``dg_k`` and the products.
+        A matrix ``v`` of shape ``(n, k)`` gives the ``k`` products as columns, ``(n, k)``,
+        sharing the forward pass and the adjoints."""
+        return self._product("hvp", params, X, target, v, wrt)
 
     @over_batches()
     def gnvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,
              wrt: str | list[str] | None = None) -> Array:
         """The Gauss–Newton part of the loss Hessian over ``wrt`` times ``v`` (shapes as for
         :meth:`hvp`), ``mean_b J_b^T (∂²ℓ_b/∂Z_N²) J_b v`` with ``J`` the whole model's
-        Jacobian: ``J v`` up through each part's ``jvp``, the top part's ``gnvp_joint``, then
-        the transposed Jacobians down through each part's ``gradient`` of its linear loss
-        (no second derivative of any part enters)."""
-        if self._is_matrix(v, wrt):
-            return self._columns(self.gnvp, params, X, target, v, wrt)
-        layers, chosen, pieces, lowest, start = self._directions(params, v, wrt)
-        inputs, tangents = self._tangents(layers, X, chosen, pieces, lowest, start)
-        top = self.depth - 1
-        products = [None] * self.depth
-        products[top], cotangent = self.modules[top].gnvp_joint(
-            layers[top], inputs[top], target, pieces[top], tangents[top],
-            wrt=chosen[top] or None)
-        for k in range(top - 1, lowest - 1, -1):
-            cotangent = cotangent.reshape(inputs[k + 1].shape)
-            if chosen[k]:
-                products[k] = self.modules[k].gradient(layers[k], inputs[k], cotangent,
-                                                       wrt=chosen[k])
-            if k > lowest or start is not None:
-                cotangent = self.modules[k].gradient(layers[k], inputs[k], cotangent, wrt="X")
-        if start is not None:
-            return cotangent
-        return self._cat([products[k] for k in range(lowest, self.depth) if chosen[k]])
+        Jacobian: ``J v`` up through each part, the top part's loss curvature, then the
+        transposed Jacobians down (no second derivative of any part enters)."""
+        return self._product("gnvp", params, X, target, v, wrt)
 
 
 class Stack(Chain):

@@ -1,4 +1,4 @@
-"""``curvgap bench --quick`` and ``curvgap bench --scale --quick`` as smoke tests: they run,
+"""``curvgap bench --quick`` and its ``--scale`` and ``--models`` modes as smoke tests: they run,
 write their files, every number is finite and the routes agree (no timing assertion: speed
 is measured, not tested)."""
 
@@ -50,3 +50,23 @@ def test_quick_scale_bench_writes_finite_results_that_agree(tmp_path):
         assert "diagonal vs autograd" in row["agreement"]
         assert row["structured"]["seconds"] > 0
     assert all(m["ratio_to_output"] > 0 for m in results["memory"])
+
+
+@pytest.mark.slow
+def test_quick_models_bench_agrees_with_autograd(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("scipy")
+    assert cli.main(["bench", "--models", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "models.json").read_text())
+    rows = {row["model"]: row for row in results["rows"]}
+    assert set(rows) == {"GPT-2 (tiny)", "Llama layer (tiny)", "ViT (tiny)"}
+    for row in rows.values():
+        assert all(math.isfinite(t) and t > 0 for t in row["seconds"].values())
+        assert all(math.isfinite(r) and r > 0 for r in row["ratio"].values())
+    # float64 throughout: exact; Llama's norms compute in float32 inside; the ViT in float32
+    assert max(rows["GPT-2 (tiny)"]["relative_error"].values()) < 1e-10
+    assert max(rows["Llama layer (tiny)"]["relative_error"].values()) < 1e-5
+    assert max(rows["ViT (tiny)"]["relative_error"].values()) < 1e-4
+    top = results["eigenvalue"]
+    assert math.isclose(top["curvgap"]["eigenvalue"], top["double_backward"]["eigenvalue"],
+                        rel_tol=1e-8)

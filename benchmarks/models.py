@@ -1,0 +1,346 @@
+"""``curvgap bench --models``: ``curvgap.curvature`` on whole models at the sizes users study,
+against plain autograd on the same module, in one process, routes interleaved.
+
+Per model and dtype: the time of curvgap's gradient, HVP and Gauss–Newton product against a
+backward pass, double backward (MATH attention kernel) and ``torch.func`` jvp + vjp through
+the loss's curvature — as ratios ``autograd time / curvgap time`` (above 1: curvgap is
+faster) —, the peak memory each adds above what the process holds (Linux: the peak resident
+set, reset before each route), and curvgap's relative error against each autograd result.
+Then the top Hessian eigenvalue by ``scipy``'s ``eigsh`` on
+``hessian_operator(...).to_scipy()`` against ``eigsh`` on double-backward products.
+
+Weights are random (no downloads). ``--quick`` runs every row at tiny sizes (a smoke test).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..adapters import curvature
+from ..codegen.output import write_file
+from .suite import machine
+
+
+@dataclass
+class Model:
+    """A module, its input ``X`` (or ``None`` with the input among ``inputs``), its target
+    and loss, as ``curvgap.curvature`` and autograd both take them."""
+
+    name: str
+    module: torch.nn.Module
+    X: torch.Tensor | None
+    T: torch.Tensor
+    loss: str = "mse"
+    inputs: dict = field(default_factory=dict)
+
+
+def _randomised(module: torch.nn.Module, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """``module`` in ``dtype``, eval mode, weights ``N(0, 0.02²)`` (norms' around 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    module = module.to(dtype).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=dtype) * 0.02
+            p.copy_(noise + (1.0 if p.ndim == 1 and "weight" in _name_of(module, p) else 0.0))
+    return module
+
+
+def _name_of(module: torch.nn.Module, param: torch.Tensor) -> str:
+    return next(n for n, p in module.named_parameters() if p is param)
+
+
+def gpt2(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+    """GPT-2 small (``GPT2Model``: 12 layers, width 768, 12 heads) on ``L = 128`` embedded
+    tokens, MSE on the last hidden state."""
+    from transformers import GPT2Config, GPT2Model
+
+    layers, d, heads, L = (2, 16, 2, 8) if quick else (12, 768, 12, 128)
+    config = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, n_positions=L, vocab_size=64,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    module = _randomised(GPT2Model(config), dtype, 0)
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(batch, L, d, generator=generator, dtype=dtype)
+    T = torch.randn(batch, L, d, generator=generator, dtype=dtype)
+    return Model(f"GPT-2 small, L={L}, B={batch}" if not quick else "GPT-2 (tiny)", module, None,
+                 T, inputs={"inputs_embeds": X, "use_cache": False})
+
+
+def llama_layer(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+    """A Llama decoder layer at hidden 2048 (16 query heads, 4 key–value heads, SwiGLU of
+    5632), ``L = 64``, MSE."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    d, heads, groups, d_ff, L = (16, 4, 2, 24, 8) if quick else (2048, 16, 4, 5632, 64)
+    config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=groups,
+                         intermediate_size=d_ff, attn_implementation="eager")
+    module = _randomised(LlamaDecoderLayer(config, layer_idx=0), dtype, 0)
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(batch, L, d, generator=generator, dtype=dtype)
+    T = torch.randn(batch, L, d, generator=generator, dtype=dtype)
+    cos, sin = LlamaRotaryEmbedding(config)(X, torch.arange(L)[None].expand(batch, L))
+    return Model(f"Llama layer 2048, L={L}, B={batch}" if not quick else "Llama layer (tiny)",
+                 module, X, T, inputs={"position_embeddings": (cos.to(dtype), sin.to(dtype))})
+
+
+class ViT(torch.nn.Module):
+    """ViT-B/16's trunk on embedded patches: ``depth`` pre-LN GELU encoder layers (width
+    ``d``, ``heads``, MLP ``4d``), a final LayerNorm and a linear head on the class token
+    (the first), as timm's ``vit_base_patch16`` computes them after its patch embedding."""
+
+    def __init__(self, depth: int, d: int, heads: int, classes: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[
+            torch.nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu",
+                                             batch_first=True, norm_first=True)
+            for _ in range(depth)])
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(tokens))[:, 0])
+
+
+def vit(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+    """ViT-B/16 at image 64 (16 patches and the class token), 10 classes, cross-entropy."""
+    depth, d, heads, tokens = (2, 16, 2, 5) if quick else (12, 768, 12, 17)
+    # training mode (with no dropout): eval mode takes torch's fused fast path, which
+    # torch.func's forward mode cannot run
+    module = _randomised(ViT(depth, d, heads, 10), dtype, 0).train()
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(batch, tokens, d, generator=generator, dtype=dtype)
+    T = torch.randint(0, 10, (batch,), generator=generator)
+    return Model(f"ViT-B/16, image 64, B={batch}" if not quick else "ViT (tiny)", module, X, T,
+                 loss="cross_entropy")
+
+
+#: ``(maker, dtype, batch)`` of the table's rows.
+ROWS = [(gpt2, torch.float32, 2), (gpt2, torch.float64, 2), (gpt2, torch.float32, 4),
+        (llama_layer, torch.float64, 2), (vit, torch.float32, 4)]
+QUICK_ROWS = [(gpt2, torch.float64, 2), (llama_layer, torch.float64, 2), (vit, torch.float32, 2)]
+
+
+class Routes:
+    """curvgap's and autograd's gradient, HVP and Gauss–Newton product of one model."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.params = dict(model.module.named_parameters())
+        self.curvature = curvature(model.module, model.loss)
+        n = sum(p.numel() for p in self.params.values())
+        like = next(iter(self.params.values()))
+        self.v = torch.randn(n, generator=torch.Generator().manual_seed(2),
+                             dtype=like.dtype) * 0.01
+
+    # -- the module itself -------------------------------------------------------------------
+    def _output(self, params: dict | None = None) -> torch.Tensor:
+        m = self.model
+        args = () if m.X is None else (m.X,)
+        if params is None:
+            out = m.module(*args, **m.inputs)
+        else:
+            out = torch.func.functional_call(m.module, params, args, m.inputs)
+        return out if isinstance(out, torch.Tensor) else out[0]
+
+    def _loss_of(self, out: torch.Tensor) -> torch.Tensor:
+        if self.model.loss == "mse":
+            return F.mse_loss(out, self.model.T)
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), self.model.T.reshape(-1))
+
+    def _flat(self, grads: tuple) -> torch.Tensor:
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                          for g, p in zip(grads, self.params.values())])
+
+    def _pieces(self, v: torch.Tensor) -> dict:
+        out, offset = {}, 0
+        for name, p in self.params.items():
+            out[name] = v[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return out
+
+    # -- autograd ---------------------------------------------------------------------------
+    def backward(self) -> torch.Tensor:
+        return self._flat(torch.autograd.grad(self._loss_of(self._output()),
+                                              list(self.params.values()), allow_unused=True))
+
+    def double_backward(self, v: torch.Tensor | None = None) -> torch.Tensor:
+        v = self.v if v is None else v
+        params = list(self.params.values())
+        with sdpa_kernel(SDPBackend.MATH):
+            grads = torch.autograd.grad(self._loss_of(self._output()), params,
+                                        create_graph=True, allow_unused=True)
+            dot = sum((g * u).sum() for g, u in zip(grads, self._pieces(v).values())
+                      if g is not None)
+            return self._flat(torch.autograd.grad(dot, params, allow_unused=True))
+
+    def jvp_vjp(self) -> torch.Tensor:
+        """``J^T (∂²ℓ/∂Z²) J v`` by ``torch.func``: jvp, the loss's curvature, vjp."""
+        params = {k: p.detach() for k, p in self.params.items()}
+        with sdpa_kernel(SDPBackend.MATH):  # the fused kernels have no forward mode
+            out, tangent = torch.func.jvp(self._output, (params,), (self._pieces(self.v),))
+        if self.model.loss == "mse":
+            curved = 2 * tangent / out.numel()
+        else:
+            logits = out.reshape(-1, out.shape[-1])
+            p = logits.softmax(-1)
+            dt = tangent.reshape(p.shape)
+            curved = ((p * dt - p * (p * dt).sum(-1, keepdim=True)) / p.shape[0]).reshape(
+                out.shape)
+        with sdpa_kernel(SDPBackend.MATH):
+            _, pullback = torch.func.vjp(self._output, params)
+        return torch.cat([g.reshape(-1) for g in pullback(curved)[0].values()])
+
+    # -- curvgap ----------------------------------------------------------------------------
+    def _args(self) -> tuple:
+        m = self.model
+        return (m.X, m.T)
+
+    def gradient(self) -> torch.Tensor:
+        return self.curvature.gradient(*self._args(), **self.model.inputs)
+
+    def hvp(self) -> torch.Tensor:
+        return self.curvature.hvp(*self._args(), self.v, **self.model.inputs)
+
+    def gnvp(self) -> torch.Tensor:
+        return self.curvature.gnvp(*self._args(), self.v, **self.model.inputs)
+
+
+def peak_memory(fn: Callable) -> float | None:
+    """The most resident memory (GB) that running ``fn`` adds above what the process holds
+    before it (Linux: the peak resident set reset through ``/proc/self/clear_refs``); None
+    where that cannot be read."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = _status("VmRSS")
+        fn()
+        return max(0.0, (_status("VmHWM") - before) / 2**20)
+    except OSError:
+        return None
+
+
+def _status(key: str) -> int:
+    """A ``/proc/self/status`` entry, in kB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise OSError(f"{key} not in /proc/self/status")
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(torch.finfo(b.dtype).tiny))
+
+
+PAIRS = [("gradient", "backward"), ("hvp", "double_backward"), ("gnvp", "jvp_vjp")]
+
+
+def measure(model: Model, rounds: int) -> dict:
+    """One model's row: times (median of ``rounds``, routes interleaved), ratios, peak
+    memory and agreement."""
+    routes = Routes(model)
+    start = time.perf_counter()
+    results = {name: getattr(routes, name)() for pair in PAIRS for name in pair}  # warm-up
+    first_use = time.perf_counter() - start
+    times: dict[str, list[float]] = {name: [] for pair in PAIRS for name in pair}
+    for _ in range(rounds):
+        for name in times:
+            start = time.perf_counter()
+            getattr(routes, name)()
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    memory = {name: peak_memory(getattr(routes, name)) for name in median}
+    return {
+        "model": model.name, "dtype": str(next(iter(routes.params.values())).dtype)[6:],
+        "parameters": routes.v.numel(), "seconds": median,
+        "ratio": {ours: median[theirs] / median[ours] for ours, theirs in PAIRS},
+        "peak_memory_gb": memory,
+        "relative_error": {ours: _relative(results[ours], results[theirs])
+                           for ours, theirs in PAIRS},
+        "warm_up_seconds": first_use}
+
+
+def eigenvalue(quick: bool) -> dict | None:
+    """The top Hessian eigenvalue of a 2-layer GPT-2 (width 128, ``L = 16``) by ``eigsh`` on
+    curvgap's operator and on double-backward products; None without scipy."""
+    try:
+        from scipy.sparse.linalg import LinearOperator, eigsh
+    except ImportError:
+        return None
+    from transformers import GPT2Config, GPT2Model
+
+    d, L = (16, 8) if quick else (128, 16)
+    config = GPT2Config(n_embd=d, n_layer=2, n_head=4 if not quick else 2, n_positions=L,
+                        vocab_size=64, bos_token_id=0, eos_token_id=0,
+                        attn_implementation="eager")
+    module = _randomised(GPT2Model(config), torch.float64, 0)
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(2, L, d, generator=generator, dtype=torch.float64)
+    T = torch.randn(2, L, d, generator=generator, dtype=torch.float64)
+    routes = Routes(Model("GPT-2, 2 layers", module, None, T,
+                          inputs={"inputs_embeds": X, "use_cache": False}))
+    n = routes.v.numel()
+    operator = routes.curvature.hessian_operator(None, T, inputs_embeds=X,
+                                                 use_cache=False).to_scipy()
+    reference = LinearOperator((n, n), dtype="float64", matvec=lambda u: routes.double_backward(
+        torch.as_tensor(u.reshape(-1), dtype=torch.float64)).numpy())
+    out = {"model": f"GPT-2, 2 layers, width {d}, L={L}, B=2", "parameters": n}
+    for name, op in (("curvgap", operator), ("double_backward", reference)):
+        start = time.perf_counter()
+        value = eigsh(op, k=1, which="LM", v0=torch.ones(n, dtype=torch.float64).numpy(),
+                      return_eigenvectors=False)[0]
+        out[name] = {"eigenvalue": float(value), "seconds": time.perf_counter() - start}
+    out["ratio"] = out["double_backward"]["seconds"] / out["curvgap"]["seconds"]
+    return out
+
+
+def _line(row: dict) -> str:
+    s, r, m, e = row["seconds"], row["ratio"], row["peak_memory_gb"], row["relative_error"]
+    memory = ("   n/a" if m["hvp"] is None or m["double_backward"] is None else
+              f"{m['hvp']:6.2f} vs {m['double_backward']:5.2f}")
+    return (f"  {row['model']:<30} {row['dtype']:<8} {row['parameters']:>11,}  "
+            f"{s['gradient']:7.3f} {s['hvp']:7.3f} {s['gnvp']:7.3f}   "
+            f"{s['backward']:7.3f} {s['double_backward']:7.3f} {s['jvp_vjp']:7.3f}   "
+            f"{r['gradient']:5.2f} {r['hvp']:5.2f} {r['gnvp']:5.2f}   {memory}   "
+            f"{max(e.values()):.1e}")
+
+
+def run_models(quick: bool, out: Path) -> dict:
+    """Measure every row of :data:`ROWS` (:data:`QUICK_ROWS` when ``quick``) and the
+    eigenvalue, print the table, write ``models.json`` into ``out``."""
+    rounds = 1 if quick else 3
+    print(f"curvgap bench --models ({'tiny sizes' if quick else 'real sizes'}; "
+          f"{torch.get_num_threads()} threads; median of {rounds}, routes interleaved)")
+    print("  times in seconds: curvgap gradient / HVP / GN product, autograd backward / "
+          "double backward / torch.func jvp+vjp; ratios autograd/curvgap (above 1: curvgap "
+          "faster); peak extra memory GB of the HVP vs double backward; largest relative "
+          "error", flush=True)
+    rows = []
+    for maker, dtype, batch in QUICK_ROWS if quick else ROWS:
+        model = maker(quick, dtype, batch)
+        print(f"  … {model.name} ({str(dtype)[6:]})", file=sys.stderr, flush=True)
+        rows.append(measure(model, rounds))
+        print(_line(rows[-1]), flush=True)
+    print("  … the top Hessian eigenvalue by eigsh", file=sys.stderr, flush=True)
+    top = eigenvalue(quick)
+    if top is None:
+        print("  eigenvalue: skipped (needs scipy: pip install 'curvgap[operators]')")
+    else:
+        print(f"  top eigenvalue of {top['model']} ({top['parameters']:,} parameters): curvgap "
+              f"{top['curvgap']['eigenvalue']:.12g} in {top['curvgap']['seconds']:.2f} s, "
+              f"double backward {top['double_backward']['eigenvalue']:.12g} in "
+              f"{top['double_backward']['seconds']:.2f} s (ratio {top['ratio']:.2f})")
+    results: dict[str, Any] = {"machine": machine(), "quick": quick, "rows": rows,
+                               "eigenvalue": top}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_file(Path(out) / "models.json", json.dumps(results, indent=1) + "\n")
+    return results
