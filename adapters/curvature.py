@@ -37,7 +37,7 @@ from ..models import Chain
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
-from .trace import Call, Trace, constants, fits, signature, trace
+from .trace import Call, Trace, constants, doubled, fits, signature, trace
 
 
 def _batch_first(module: torch.nn.Module) -> bool:
@@ -122,7 +122,11 @@ class Curvature:
             self._fingerprint = current
         call = Call(keyword, self.batch_dim)
         key = signature(call, X, inputs)
-        if key not in self._reads or not fits(self._reads[key].trace, call, X, inputs):
+        # a batch of one is read (and its fixed sizes checked) as the sample twice
+        one = X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1
+        seen = (doubled(X, call.batch_dim), doubled(inputs, call.batch_dim)) if one else (
+            X, inputs)
+        if key not in self._reads or not fits(self._reads[key].trace, call, *seen):
             self._reads[key] = self._read(call, X, inputs)
         read = self._reads[key]
         values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
@@ -146,6 +150,9 @@ class Curvature:
 
     def _read(self, call: Call, X: torch.Tensor, inputs: dict) -> _Read:
         start = time.perf_counter()
+        if X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1:
+            # a batch of one shows no batch axis to a trace: read on the sample twice
+            X, inputs = doubled(X, call.batch_dim), doubled(inputs, call.batch_dim)
         traced = trace(self.module, call, X, inputs, self.loss_name)
         programs, paths = traced.programs, traced.paths
         prefixes = ([""] if len(programs) == 1 else

@@ -676,6 +676,31 @@ class Reader:
             sizes, labels = sizes[:dim] + sizes[dim + 1:], labels[:dim] + labels[dim + 1:]
         return self.emit(sizes, labels, terms, key)
 
+    def _chunk(self, key: str, value: Value, dim: int, count: int, k: int) -> Value | None:
+        """Chunk ``k`` of ``count`` equal ones along ``dim``: the dimension factored into
+        ``(count, rest)`` and index ``k`` picked along the first factor (a one-hot vector of
+        ``count`` entries, where a selection table would be a product over the whole
+        dimension); None where the dimension's factors cannot be cut there."""
+        total = sp.Mul(*[a.extent for a in self.leaf_dims(value)[dim]])
+        if count < 2 or not isinstance(total, int | sp.Integer) or int(total) % count:
+            return None
+        try:
+            outer, _ = regroup(self.leaf_dims(value)[dim], [count, int(total) // count])
+        except ShapeError:
+            return None
+        full = self.leaf_dims(value)[dim]
+        outer, inner = full[:len(outer)], full[len(outer):]
+        table = self.table("select", [[], [Axis(a.size.root()) for a in outer]], ("pick", k))
+        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
+        sizes[dim] = [a.size.root() for a in inner]
+        labels = self.out_labels(sizes)
+        picked = [self.label() for _ in outer]
+        value_labels = [list(d) for d in labels]
+        value_labels[dim] = picked + labels[dim]
+        coeff, base = self.scaled(value)
+        return self.emit(sizes, labels, [(coeff, [self.operand(base, value_labels),
+                                                  self.operand(table, [[], picked])])], key)
+
     @reads(aten.slice.Tensor)
     def _read_slice(self, node, source, dim=0, start=None, end=None, step=1) -> Value:
         value = self.value(source)
@@ -692,6 +717,11 @@ class Reader:
         if not isinstance(total, int | sp.Integer) or not all(
                 isinstance(v, int) for v in (start, step)):
             raise self.refuse("a slice of fixed bounds along a dimension of fixed size")
+        if step == 1 and isinstance(extent, int) and int(total) % extent == 0 and \
+                start % extent == 0:  # one of equal chunks
+            chunk = self._chunk(node.name, value, dim, int(total) // extent, start // extent)
+            if chunk is not None:
+                return chunk
         return self._select(node.name, value, dim, ("slice", int(start), int(step)), extent)
 
     @reads(aten.select.int)
@@ -714,6 +744,11 @@ class Reader:
             sizes = [min(step, total - k) for k in range(0, total, step)]
         elif isinstance(sizes, int):
             sizes = [min(sizes, total - k) for k in range(0, total, sizes)]
+        if len(set(sizes)) == 1:  # equal chunks
+            chunks = [self._chunk(f"{node.name}_{k}", value, dim, len(sizes), k)
+                      for k in range(len(sizes))]
+            if all(chunk is not None for chunk in chunks):
+                return tuple(chunks)
         out, start = [], 0
         for k, extent in enumerate(sizes):
             out.append(self._select(f"{node.name}_{k}", value, dim, ("slice", start, 1),

@@ -16,6 +16,7 @@ import time
 import unittest.mock
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx._pytree as fx_pytree
@@ -328,15 +329,33 @@ def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module
     return values
 
 
+def doubled(value: Any, dim: int) -> Any:
+    """``value`` with each tensor of one sample along ``dim`` repeated to two (in tuples,
+    lists and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return (torch.cat([value, value], dim) if value.ndim > dim and value.shape[dim] == 1
+                else value)
+    if isinstance(value, tuple | list):
+        return type(value)(doubled(v, dim) for v in value)
+    if isinstance(value, dict):
+        return {k: doubled(v, dim) for k, v in value.items()}
+    return value
+
+
 def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor,
               kwargs: dict, dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
     """Each part's constants for this call (``dims``: each part's sizes), laid out as the
     generated code takes them (the batch first), in ``X``'s dtype (the parameters' for token
     ids) and on its device."""
     computed: dict[str, torch.Tensor] = {}
+    one = X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1
     if trace.constants is not None:
+        # a batch of one was read on the sample twice (the trace may hold that batch size):
+        # computed on it twice, sample 0 kept
+        run = (doubled(X, call.batch_dim), doubled(kwargs, call.batch_dim)) if one else (
+            X, kwargs)
         with torch.no_grad():
-            values = trace.constants(*placeholders(trace.exported, module, call, X, kwargs))
+            values = trace.constants(*placeholders(trace.exported, module, call, *run))
         nodes = dict.fromkeys(c.node for reading in trace.readings
                               for c in reading.constants if c.kind == "node")
         computed = dict(zip(nodes, values))
@@ -349,6 +368,7 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
                 value = _transformed(computed[constant.node], constant.transform, like)
                 if constant.batch_dim is not None:
                     value = value.movedim(constant.batch_dim, 0)
+                    value = value[:1] if one else value
             else:
                 value = _table(constant, part_dims, like)
             values[constant.name] = value.contiguous()

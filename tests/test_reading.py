@@ -114,6 +114,24 @@ def test_input_blocks_are_per_sample():
     assert mixed.shape == (X.shape[0], X[0].numel(), D)
 
 
+def test_a_batch_of_one_is_read_and_exact():
+    case = gpt2_model()  # keyword inputs too: the encoder's embeddings and its mask
+    X, mask = case.inputs["inputs_embeds"][:1], case.inputs["attention_mask"][:1]
+    inputs = {**case.inputs, "inputs_embeds": X, "attention_mask": mask}
+    T = case.T[:1]
+    c = curvgap.curvature(case.module)
+    reference = Reference(case.module, None, T, **inputs)
+    assert relative(c.gradient(None, T, **inputs), reference.gradient()) <= 1e-10
+    v = torch.randn(reference.gradient().numel(), generator=torch.Generator().manual_seed(3),
+                    dtype=DTYPE)
+    assert relative(c.hvp(None, T, v, **inputs), reference.hvp(v)) <= 1e-10
+    # the same reading serves a batch of three
+    X3, T3 = torch.cat([X] * 3), torch.cat([T] * 3)
+    three = {**inputs, "inputs_embeds": X3, "attention_mask": torch.cat([mask] * 3)}
+    assert relative(c.gradient(None, T3, **three),
+                    Reference(case.module, None, T3, **three).gradient()) <= 1e-10
+
+
 def test_weights_are_read_at_call_time_and_a_changed_module_is_read_again():
     case = encoder_layer()
     module, X, T = case.module, case.X, case.T
