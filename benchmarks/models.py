@@ -9,7 +9,9 @@ set, reset before each route), and curvgap's relative error against each autogra
 Then the top Hessian eigenvalue by ``scipy``'s ``eigsh`` on
 ``hessian_operator(...).to_scipy()`` against ``eigsh`` on double-backward products.
 
-Weights are random (no downloads). ``--quick`` runs every row at tiny sizes (a smoke test).
+Weights are random (no downloads). ``--quick`` runs every row at tiny sizes (a smoke test);
+``--device cuda`` runs them on a GPU (times after the device has finished, memory as torch's
+peak allocation there).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _name_of(module: torch.nn.Module, param: torch.Tensor) -> str:
     return next(n for n, p in module.named_parameters() if p is param)
 
 
-def gpt2(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+def gpt2(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Model:
     """GPT-2 small (``GPT2Model``: 12 layers, width 768, 12 heads) on ``L = 128`` embedded
     tokens, MSE on the last hidden state."""
     from transformers import GPT2Config, GPT2Model
@@ -68,15 +70,20 @@ def gpt2(quick: bool, dtype: torch.dtype, batch: int) -> Model:
     layers, d, heads, L = (2, 16, 2, 8) if quick else (12, 768, 12, 128)
     config = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, n_positions=L, vocab_size=64,
                         bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    module = _randomised(GPT2Model(config), dtype, 0)
-    generator = torch.Generator().manual_seed(1)
-    X = torch.randn(batch, L, d, generator=generator, dtype=dtype)
-    T = torch.randn(batch, L, d, generator=generator, dtype=dtype)
+    module = _randomised(GPT2Model(config), dtype, 0).to(device)
+    X, T = _rows(batch, L, d, dtype, device)
     return Model(f"GPT-2 small, L={L}, B={batch}" if not quick else "GPT-2 (tiny)", module, None,
                  T, inputs={"inputs_embeds": X, "use_cache": False})
 
 
-def llama_layer(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+def _rows(batch: int, L: int, d: int, dtype: torch.dtype, device: str) -> tuple:
+    """An input and a target of ``batch`` samples of ``L`` rows of width ``d``."""
+    generator = torch.Generator().manual_seed(1)
+    return tuple(torch.randn(batch, L, d, generator=generator, dtype=dtype).to(device)
+                 for _ in range(2))
+
+
+def llama_layer(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Model:
     """A Llama decoder layer at hidden 2048 (16 query heads, 4 key–value heads, SwiGLU of
     5632), ``L = 64``, MSE."""
     from transformers import LlamaConfig
@@ -85,11 +92,10 @@ def llama_layer(quick: bool, dtype: torch.dtype, batch: int) -> Model:
     d, heads, groups, d_ff, L = (16, 4, 2, 24, 8) if quick else (2048, 16, 4, 5632, 64)
     config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=groups,
                          intermediate_size=d_ff, attn_implementation="eager")
-    module = _randomised(LlamaDecoderLayer(config, layer_idx=0), dtype, 0)
-    generator = torch.Generator().manual_seed(1)
-    X = torch.randn(batch, L, d, generator=generator, dtype=dtype)
-    T = torch.randn(batch, L, d, generator=generator, dtype=dtype)
-    cos, sin = LlamaRotaryEmbedding(config)(X, torch.arange(L)[None].expand(batch, L))
+    module = _randomised(LlamaDecoderLayer(config, layer_idx=0), dtype, 0).to(device)
+    X, T = _rows(batch, L, d, dtype, device)
+    positions = torch.arange(L, device=device)[None].expand(batch, L)
+    cos, sin = LlamaRotaryEmbedding(config).to(device)(X, positions)
     return Model(f"Llama layer 2048, L={L}, B={batch}" if not quick else "Llama layer (tiny)",
                  module, X, T, inputs={"position_embeddings": (cos.to(dtype), sin.to(dtype))})
 
@@ -112,15 +118,14 @@ class ViT(torch.nn.Module):
         return self.head(self.norm(self.blocks(tokens))[:, 0])
 
 
-def vit(quick: bool, dtype: torch.dtype, batch: int) -> Model:
+def vit(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Model:
     """ViT-B/16 at image 64 (16 patches and the class token), 10 classes, cross-entropy."""
     depth, d, heads, tokens = (2, 16, 2, 5) if quick else (12, 768, 12, 17)
     # training mode (with no dropout): eval mode takes torch's fused fast path, which
     # torch.func's forward mode cannot run
-    module = _randomised(ViT(depth, d, heads, 10), dtype, 0).train()
-    generator = torch.Generator().manual_seed(1)
-    X = torch.randn(batch, tokens, d, generator=generator, dtype=dtype)
-    T = torch.randint(0, 10, (batch,), generator=generator)
+    module = _randomised(ViT(depth, d, heads, 10), dtype, 0).train().to(device)
+    X, _ = _rows(batch, tokens, d, dtype, device)
+    T = torch.randint(0, 10, (batch,), generator=torch.Generator().manual_seed(1)).to(device)
     return Model(f"ViT-B/16, image 64, B={batch}" if not quick else "ViT (tiny)", module, X, T,
                  loss="cross_entropy")
 
@@ -141,7 +146,7 @@ class Routes:
         n = sum(p.numel() for p in self.params.values())
         like = next(iter(self.params.values()))
         self.v = torch.randn(n, generator=torch.Generator().manual_seed(2),
-                             dtype=like.dtype) * 0.01
+                             dtype=like.dtype).to(like.device) * 0.01
 
     # -- the module itself -------------------------------------------------------------------
     def _output(self, params: dict | None = None) -> torch.Tensor:
@@ -216,10 +221,29 @@ class Routes:
         return self.curvature.gnvp(*self._args(), self.v, **self.model.inputs)
 
 
-def peak_memory(fn: Callable) -> float | None:
-    """The most resident memory (GB) that running ``fn`` adds above what the process holds
-    before it (Linux: the peak resident set reset through ``/proc/self/clear_refs``); None
-    where that cannot be read."""
+def synchronized(fn: Callable, device: str) -> Callable:
+    """``fn`` that returns once the device has finished its work (for timing on a GPU)."""
+    if device == "cpu":
+        return fn
+
+    def run() -> Any:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    return run
+
+
+def peak_memory(fn: Callable, device: str = "cpu") -> float | None:
+    """The most memory (GB) that running ``fn`` adds above what is held before it: on a GPU
+    the peak of torch's allocations; on the CPU the peak resident set (Linux: reset through
+    ``/proc/self/clear_refs``); None where that cannot be read."""
+    if device != "cpu":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**30
     try:
         Path("/proc/self/clear_refs").write_text("5")
         before = _status("VmRSS")
@@ -244,21 +268,22 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 PAIRS = [("gradient", "backward"), ("hvp", "double_backward"), ("gnvp", "jvp_vjp")]
 
 
-def measure(model: Model, rounds: int) -> dict:
+def measure(model: Model, rounds: int, device: str = "cpu") -> dict:
     """One model's row: times (median of ``rounds``, routes interleaved), ratios, peak
     memory and agreement."""
     routes = Routes(model)
+    run = {name: synchronized(getattr(routes, name), device) for pair in PAIRS for name in pair}
     start = time.perf_counter()
-    results = {name: getattr(routes, name)() for pair in PAIRS for name in pair}  # warm-up
+    results = {name: fn() for name, fn in run.items()}  # the warm-up (and first use)
     first_use = time.perf_counter() - start
-    times: dict[str, list[float]] = {name: [] for pair in PAIRS for name in pair}
+    times: dict[str, list[float]] = {name: [] for name in run}
     for _ in range(rounds):
-        for name in times:
+        for name, fn in run.items():
             start = time.perf_counter()
-            getattr(routes, name)()
+            fn()
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    memory = {name: peak_memory(getattr(routes, name)) for name in median}
+    memory = {name: peak_memory(fn, device) for name, fn in run.items()}
     return {
         "model": model.name, "dtype": str(next(iter(routes.params.values())).dtype)[6:],
         "parameters": routes.v.numel(), "seconds": median,
@@ -266,10 +291,10 @@ def measure(model: Model, rounds: int) -> dict:
         "peak_memory_gb": memory,
         "relative_error": {ours: _relative(results[ours], results[theirs])
                            for ours, theirs in PAIRS},
-        "warm_up_seconds": first_use}
+        "warm_up_seconds": first_use, "device": device}
 
 
-def eigenvalue(quick: bool) -> dict | None:
+def eigenvalue(quick: bool, device: str = "cpu") -> dict | None:
     """The top Hessian eigenvalue of a 2-layer GPT-2 (width 128, ``L = 16``) by ``eigsh`` on
     curvgap's operator and on double-backward products; None without scipy."""
     try:
@@ -282,17 +307,15 @@ def eigenvalue(quick: bool) -> dict | None:
     config = GPT2Config(n_embd=d, n_layer=2, n_head=4 if not quick else 2, n_positions=L,
                         vocab_size=64, bos_token_id=0, eos_token_id=0,
                         attn_implementation="eager")
-    module = _randomised(GPT2Model(config), torch.float64, 0)
-    generator = torch.Generator().manual_seed(1)
-    X = torch.randn(2, L, d, generator=generator, dtype=torch.float64)
-    T = torch.randn(2, L, d, generator=generator, dtype=torch.float64)
+    module = _randomised(GPT2Model(config), torch.float64, 0).to(device)
+    X, T = _rows(2, L, d, torch.float64, device)
     routes = Routes(Model("GPT-2, 2 layers", module, None, T,
                           inputs={"inputs_embeds": X, "use_cache": False}))
     n = routes.v.numel()
     operator = routes.curvature.hessian_operator(None, T, inputs_embeds=X,
                                                  use_cache=False).to_scipy()
     reference = LinearOperator((n, n), dtype="float64", matvec=lambda u: routes.double_backward(
-        torch.as_tensor(u.reshape(-1), dtype=torch.float64)).numpy())
+        torch.as_tensor(u.reshape(-1), dtype=torch.float64, device=device)).cpu().numpy())
     out = {"model": f"GPT-2, 2 layers, width {d}, L={L}, B=2", "parameters": n}
     for name, op in (("curvgap", operator), ("double_backward", reference)):
         start = time.perf_counter()
@@ -314,24 +337,26 @@ def _line(row: dict) -> str:
             f"{max(e.values()):.1e}")
 
 
-def run_models(quick: bool, out: Path) -> dict:
+def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
     """Measure every row of :data:`ROWS` (:data:`QUICK_ROWS` when ``quick``) and the
     eigenvalue, print the table, write ``models.json`` into ``out``."""
     rounds = 1 if quick else 3
-    print(f"curvgap bench --models ({'tiny sizes' if quick else 'real sizes'}; "
-          f"{torch.get_num_threads()} threads; median of {rounds}, routes interleaved)")
+    where = (f"{torch.get_num_threads()} threads" if device == "cpu" else
+             torch.cuda.get_device_name(device))
+    print(f"curvgap bench --models ({'tiny sizes' if quick else 'real sizes'}; {where}; "
+          f"median of {rounds}, routes interleaved)")
     print("  times in seconds: curvgap gradient / HVP / GN product, autograd backward / "
           "double backward / torch.func jvp+vjp; ratios autograd/curvgap (above 1: curvgap "
           "faster); peak extra memory GB of the HVP vs double backward; largest relative "
           "error", flush=True)
     rows = []
     for maker, dtype, batch in QUICK_ROWS if quick else ROWS:
-        model = maker(quick, dtype, batch)
+        model = maker(quick, dtype, batch, device)
         print(f"  … {model.name} ({str(dtype)[6:]})", file=sys.stderr, flush=True)
-        rows.append(measure(model, rounds))
+        rows.append(measure(model, rounds, device))
         print(_line(rows[-1]), flush=True)
     print("  … the top Hessian eigenvalue by eigsh", file=sys.stderr, flush=True)
-    top = eigenvalue(quick)
+    top = eigenvalue(quick, device)
     if top is None:
         print("  eigenvalue: skipped (needs scipy: pip install 'curvgap[operators]')")
     else:
@@ -339,8 +364,8 @@ def run_models(quick: bool, out: Path) -> dict:
               f"{top['curvgap']['eigenvalue']:.12g} in {top['curvgap']['seconds']:.2f} s, "
               f"double backward {top['double_backward']['eigenvalue']:.12g} in "
               f"{top['double_backward']['seconds']:.2f} s (ratio {top['ratio']:.2f})")
-    results: dict[str, Any] = {"machine": machine(), "quick": quick, "rows": rows,
-                               "eigenvalue": top}
+    results: dict[str, Any] = {"machine": machine(), "device": where, "quick": quick,
+                               "rows": rows, "eigenvalue": top}
     Path(out).mkdir(parents=True, exist_ok=True)
     write_file(Path(out) / "models.json", json.dumps(results, indent=1) + "\n")
     return results

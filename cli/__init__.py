@@ -2,7 +2,8 @@
 
 ``curvgap generate [--config FILE ...] [--out DIR] [--check] [--force] [--no-verify]``
 ``curvgap latex NAME [--out DIR] [--pdf]``
-``curvgap bench [--config NAME] [--quick] [--out DIR]``
+``curvgap bench [--config NAME] [--quick] [--out DIR]`` (or ``--scale``, ``--accuracy``,
+``--distributed``, ``--models [--device cuda]``)
 ``curvgap reproduce [--quick] [--out DIR]``
 """
 
@@ -113,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="whole models at real size (GPT-2 small, a Llama layer at hidden "
                             "2048, ViT-B/16) against autograd: time, memory, agreement, the "
                             "top eigenvalue")
+    bench.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                       help="where --models runs (default: cpu)")
     bench.add_argument("--distributed", action="store_true",
                        help="curvature over the digits ViT's training set on 1 and 2 "
                             "processes (torch.distributed, gloo on 127.0.0.1)")
@@ -214,6 +217,13 @@ def _results_folder(args: argparse.Namespace) -> Path:
     return folder
 
 
+def torch_cuda() -> bool:
+    """Whether torch sees a GPU (imports torch)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input)."""
     args = _parser().parse_args(argv)
@@ -237,10 +247,18 @@ def main(argv: list[str] | None = None) -> int:
 
         run_distributed(args.quick, args.out)
         return 0
+    if args.command == "bench" and args.device == "cuda" and not args.models:
+        print("curvgap: error: --device cuda: expected --models with it (the other bench "
+              "modes run on the CPU)", file=sys.stderr)
+        return 2
     if args.command == "bench" and args.models:
         from ..benchmarks.models import run_models
 
-        run_models(args.quick, args.out)
+        if args.device == "cuda" and not torch_cuda():
+            print("curvgap: error: --device cuda: expected a GPU that torch can use, got none "
+                  "(torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+        run_models(args.quick, args.out, args.device)
         return 0
     if args.command == "bench" and args.scale:
         from ..benchmarks.scale import run_scale
