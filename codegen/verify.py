@@ -40,8 +40,17 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
                                     "_1")
         return normalization.reference(config, params, Y + ffn.reference(config, params, Y),
                                        "_2")
-    Y = X + attention.reference(config, params, normalization.reference(config, params, X, "_1"))
-    return Y + ffn.reference(config, params, normalization.reference(config, params, Y, "_2"))
+    def scaled(out: torch.Tensor, k: int) -> torch.Tensor:
+        return out * params[f"lambda_{k}"] if config.layer_scale else out
+
+    N_1 = normalization.reference(config, params, X, "_1")
+    if config.norm_position == "parallel":
+        N_2 = N_1 if config.shared_norm else normalization.reference(config, params, X, "_2")
+        return (X + scaled(attention.reference(config, params, N_1), 1)
+                + scaled(ffn.reference(config, params, N_2), 2))
+    Y = X + scaled(attention.reference(config, params, N_1), 1)
+    return Y + scaled(ffn.reference(config, params, normalization.reference(config, params, Y,
+                                                                            "_2")), 2)
 
 
 def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

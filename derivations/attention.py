@@ -4,7 +4,8 @@ and its plain-PyTorch forward pass for verification.
 ``Q = X W_Q``, ``K = X W_K``, ``V = X W_V``, ``T = Q K^T / sqrt(d_k)``,
 ``A = softmax_row(T)``, ``F = A V``; the options are ``heads``, ``kv_heads`` (grouped-query
 attention), ``causal``, ``out_proj``, ``attention_bias`` (``b_Q, b_K, b_V`` and ``b_O``),
-``attention_scale`` and ``rotary`` (with ``rotary_base``).
+``attention_scale``, ``rotary`` (with ``rotary_base``) and ``logit_softcap`` (scores
+``cap · tanh(T / cap)`` before the softmax, as Gemma 2's).
 
 The row softmax is the primitive of :mod:`.softmax`: its value is
 ``exp(T - max T) / Σ exp(T - max T)``, its derivatives are closed-form rules in centred
@@ -20,6 +21,7 @@ import sympy as sp
 import torch
 
 from . import sizes
+from .functions import ScalarFn, x
 from .graph import Graph, Tensor
 from .softmax import softmax_rows
 
@@ -97,6 +99,10 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     scale = _exactly(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
     T = g.node("T_att", (*query_heads, i, j),
                scale * Q[(i, *query_heads, *columns)] * K[(j, *kv_heads, *columns)])
+    if config.logit_softcap:  # the scores capped smoothly at ± cap before the softmax
+        cap = _exactly(config.logit_softcap)
+        capped = ScalarFn("softcap", cap * sp.tanh(x / cap))
+        T = g.node("T_cap", T.indices, T.apply(capped, *T.indices))
     A = softmax_rows(g, T, causal=config.causal)
     e = value_columns[0]
     if not out_proj:
@@ -160,6 +166,8 @@ def describe(config: Config) -> str:
               else "X W_Q W_K^T X^T")
     scale = (f"{config.attention_scale!r} {scores}" if config.attention_scale
              else f"{scores} / sqrt(d_k)")
+    if config.logit_softcap:
+        scale = f"{config.logit_softcap:g} tanh(({scale}) / {config.logit_softcap:g})"
     return (f"F(X) = softmax({scale}" + (" + causal mask" if config.causal else "")
             + f") {values}"
             + (out if config.out_proj else "") + f", {heads}")
@@ -190,6 +198,8 @@ def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     K, V = K.repeat_interleave(h // kv, 0), V.repeat_interleave(h // kv, 0)
     scores = Q @ K.transpose(1, 2)
     scores = scores * config.attention_scale if config.attention_scale else scores / d_k ** 0.5
+    if config.logit_softcap:
+        scores = config.logit_softcap * torch.tanh(scores / config.logit_softcap)
     if config.causal:
         scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     heads = torch.softmax(scores, dim=-1) @ V                   # h × L × d_v

@@ -16,9 +16,9 @@ from pathlib import Path
 CHOICES = {
     "kind": ("block", "self_attention", "layernorm", "ffn", "embedding", "head"),
     "norm": ("layernorm", "rmsnorm"),
-    "norm_position": ("post", "pre"),
-    "activation": ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "softplus",
-                   "identity"),
+    "norm_position": ("post", "pre", "parallel"),
+    "activation": ("relu", "gelu", "gelu_tanh", "gelu_fast", "quick_gelu", "silu", "tanh",
+                   "sigmoid", "softplus", "identity"),
     "loss": ("mse", "cross_entropy", "linear"),
     "pooling": ("none", "mean", "first"),
 }
@@ -38,6 +38,10 @@ APPLIES_TO = {
     "rotary": ("block", "self_attention"),
     "rotary_base": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm"),
+    "norm_offset": ("block", "layernorm"),
+    "shared_norm": ("block",),
+    "layer_scale": ("block",),
+    "logit_softcap": ("block", "self_attention"),
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
     "ffn_gate": ("block", "ffn"),
@@ -77,6 +81,10 @@ class Config:
     rotary: bool = False  # rotary position embeddings on Q and K (rotate-half convention)
     rotary_base: float = 10000.0
     norm_bias: bool = True
+    norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
+    shared_norm: bool = False  # a parallel block's two branches read one norm (Phi, Falcon)
+    layer_scale: bool = False  # a learned per-channel scale on each branch (LayerScale)
+    logit_softcap: float = 0.0  # attention scores cap * tanh(scores / cap) (Gemma 2); 0: none
     activation: str = "relu"
     ffn_bias: bool = False
     ffn_gate: bool = False
@@ -152,8 +160,12 @@ def validate(data: dict, source: str = "config") -> Config:
                           f"{data['rotary_base']!r}")
     if "rotary_base" in data and not data.get("rotary", False):
         raise ConfigError(f"{source}: 'rotary_base' needs rotary = true")
+    cap = float(data.get("logit_softcap", 0.0))
+    if not math.isfinite(cap) or cap < 0:
+        raise ConfigError(f"{source}: 'logit_softcap' must be a finite number > 0 (or 0 for "
+                          f"none), got {data['logit_softcap']!r}")
     config = Config(**{**data, "eps": eps, "attention_scale": scale, "rotary_base": base,
-                       "kv_heads": 0 if kv_heads == heads else kv_heads})
+                       "logit_softcap": cap, "kv_heads": 0 if kv_heads == heads else kv_heads})
     for key, kinds in APPLIES_TO.items():
         if config.kind not in kinds and getattr(config, key) != known[key]:
             raise ConfigError(f"{source}: '{key}' applies to kind {' or '.join(kinds)}, "
@@ -161,6 +173,15 @@ def validate(data: dict, source: str = "config") -> Config:
     if not config.norm_bias and not (config.norm == "layernorm" and config.affine):
         raise ConfigError(f"{source}: 'norm_bias' = false drops the beta of an affine "
                           "LayerNorm; it needs norm = \"layernorm\" and affine = true")
+    if config.norm_offset and not (config.norm == "rmsnorm" and config.affine):
+        raise ConfigError(f"{source}: 'norm_offset' scales by (1 + gamma); it needs "
+                          "norm = \"rmsnorm\" and affine = true")
+    if config.shared_norm and config.norm_position != "parallel":
+        raise ConfigError(f"{source}: 'shared_norm' shares one norm between the branches of a "
+                          "parallel block; it needs norm_position = \"parallel\"")
+    if config.layer_scale and config.norm_position == "post":
+        raise ConfigError(f"{source}: 'layer_scale' scales a residual branch before it is "
+                          "added; it needs norm_position = \"pre\" or \"parallel\"")
     if config.heads > 1 and not config.out_proj:
         raise ConfigError(f"{source}: heads = {config.heads} needs out_proj = true: "
                           "concatenating heads without W_O is not derived yet")

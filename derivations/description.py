@@ -33,10 +33,17 @@ def describe(config: Config | Program) -> tuple[str, str]:
     else:
         title = (f"{config.norm_position.capitalize()}-{normalization.title(config)} "
                  "Transformer block")
+        a, f = ("lambda_1 * F", "lambda_2 * FFN") if config.layer_scale else ("F", "FFN")
         if config.norm_position == "post":
             block = "Y = Norm_1(X + F(X)), Z = Norm_2(Y + FFN(Y))"
+        elif config.norm_position == "parallel":
+            second = "Norm_1" if config.shared_norm else "Norm_2"
+            block = (f"Z = X + {a}(Norm_1(X)) + {f}({second}(X)) (parallel residual"
+                     + (", one norm" if config.shared_norm else "") + ")")
         else:
-            block = "Y = X + F(Norm_1(X)), Z = Y + FFN(Norm_2(Y))"
+            block = f"Y = X + {a}(Norm_1(X)), Z = Y + {f}(Norm_2(Y))"
+        if config.layer_scale:
+            block += ", lambda_1, lambda_2 learned per channel (LayerScale)"
         lines = [block, attention.describe(config), ffn.describe(config),
                  normalization.describe(config), loss]
     return f"{title}: exact Jacobians, Hessians and Hessian-vector products.", "\n".join(lines)

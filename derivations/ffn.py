@@ -74,6 +74,9 @@ ACTIVATIONS = {
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,
     "gelu_tanh": lambda u: torch.nn.functional.gelu(u, approximate="tanh"),
+    "gelu_fast": lambda u: 0.5 * u * (1.0 + torch.tanh(0.7978845608 * u
+                                                       * (1.0 + 0.044715 * u * u))),
+    "quick_gelu": lambda u: u * torch.sigmoid(1.702 * u),
     "silu": torch.nn.functional.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,

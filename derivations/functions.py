@@ -112,6 +112,10 @@ def activation(name: str) -> ScalarFn:
         "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
         "gelu_tanh": x * (1 + sp.tanh(sp.sqrt(2 / sp.pi)
                                       * (x + sp.Rational(44715, 1000000) * x**3))) / 2,
+        # transformers' gelu_fast: the tanh form with its own rounded constant
+        "gelu_fast": x * (1 + sp.tanh(sp.Rational(7978845608, 10**10)
+                                      * x * (1 + sp.Rational(44715, 1000000) * x**2))) / 2,
+        "quick_gelu": x * sigmoid(sp.Rational(1702, 1000) * x),  # CLIP's
         "silu": x * sigmoid(x),
         "tanh": sp.tanh(x),
         "sigmoid": sigmoid(x),

@@ -173,7 +173,9 @@ def build_network(g: Graph, config: Config, external: dict | None = None
 def _block(g: Graph, config: Config, X: Tensor, external: dict
            ) -> tuple[Tensor, list[Tensor], list[Guard]]:
     """Post-LN: ``Y = LN_1(X + F(X))``, ``S = Y + FFN(Y)``, ``Z = LN_2(S)``.
-    Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``."""
+    Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``.
+    Parallel: ``Z = X + F(LN_1(X)) + FFN(LN_2(X))`` (``LN_2 = LN_1`` with ``shared_norm``).
+    With ``layer_scale`` each branch is scaled per channel first, ``λ_1 ∘ F``, ``λ_2 ∘ FFN``."""
     L, d = sizes.L, sizes.d
     i, j = g.index(L, "i"), g.index(d, "j")
 
@@ -203,14 +205,33 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
         ln2 = norm(S, 2, "Z")
         output = ln2.output
     else:
+        scales = ([g.input(f"lambda_{k}", (d,), role="param", batched=False) for k in (1, 2)]
+                  if config.layer_scale else [])
+
+        def branch(out: Tensor, k: int) -> Expr:
+            """A branch's output, scaled per channel with ``layer_scale``."""
+            return scales[k - 1][j] * out[i, j] if scales else out[i, j]
+
         ln1 = norm(X, 1, "N_1")
         layer = attend(ln1.output)
-        with g.sublayer("Residual connections"):
-            Y = g.node("Y", (i, j), X[i, j] + layer.output[i, j])
-        ln2 = norm(Y, 2, "N_2")
-        mlp = feed_forward(ln2.output)
-        with g.sublayer("Residual connections"):
-            output = g.node("Z", (i, j), Y[i, j] + mlp.output[i, j])
+        if config.norm_position == "parallel":
+            ln2 = ln1 if config.shared_norm else norm(X, 2, "N_2")
+            mlp = feed_forward(ln2.output)
+            with g.sublayer("Residual connections"):
+                output = g.node("Z", (i, j), X[i, j] + branch(layer.output, 1)
+                                + branch(mlp.output, 2))
+        else:
+            with g.sublayer("Residual connections"):
+                Y = g.node("Y", (i, j), X[i, j] + branch(layer.output, 1))
+            ln2 = norm(Y, 2, "N_2")
+            mlp = feed_forward(ln2.output)
+            with g.sublayer("Residual connections"):
+                output = g.node("Z", (i, j), Y[i, j] + branch(mlp.output, 2))
+        if ln2 is ln1:  # one norm, its parameters once
+            params = layer.params + mlp.params + ln1.params + scales
+            return output, params, ln1.guards
+        params = layer.params + mlp.params + ln1.params + ln2.params + scales
+        return output, params, ln1.guards + ln2.guards
     params = layer.params + mlp.params + ln1.params + ln2.params
     return output, params, ln1.guards + ln2.guards
 

@@ -76,6 +76,8 @@ def normalize(g: Graph, U: Tensor, config: Config, out_name: str, prefix: str = 
     gamma = g.input(f"gamma{suffix}", (width,), role="param", batched=False)
     params.append(gamma)
     expr = gamma[j] * N[i, j]
+    if config.norm_offset:  # scaled by (1 + gamma)
+        expr = N[i, j] + expr
     if kind == "layernorm" and config.norm_bias:
         beta = g.input(f"beta{suffix}", (width,), role="param", batched=False)
         params.append(beta)
@@ -90,8 +92,8 @@ def describe(config: Config, argument: str = "U") -> str:
     else:
         formula = "U / sqrt(mean(U**2) + eps)"
     if config.affine:
-        formula += " * gamma" + (" + beta" if config.norm == "layernorm" and config.norm_bias
-                                 else "")
+        formula += (" * (1 + gamma)" if config.norm_offset else " * gamma") + (
+            " + beta" if config.norm == "layernorm" and config.norm_bias else "")
     return (f"Norm({argument}) = {formula.replace('U', argument)} per row, "
             f"eps = {config.eps!r}")
 
@@ -107,7 +109,7 @@ def reference(config: Config, params: dict, U: torch.Tensor, suffix: str = "") -
     else:
         out = U * torch.rsqrt((U * U).mean(-1, keepdim=True) + config.eps)
     if f"gamma{suffix}" in params:
-        out = out * params[f"gamma{suffix}"]
+        out = out * (params[f"gamma{suffix}"] + (1.0 if config.norm_offset else 0.0))
     if f"beta{suffix}" in params:
         out = out + params[f"beta{suffix}"]
     return out

@@ -58,17 +58,35 @@ VARIANTS = {
     "llama_block": ('norm = "rmsnorm"\nnorm_position = "pre"\naffine = true\neps = 1e-5\n'
                     'heads = 4\nkv_heads = 2\ncausal = true\nout_proj = true\nrotary = true\n'
                     'rotary_base = 500.0\nactivation = "silu"\nffn_gate = true'),
+    # the terms of today's decoders and ViTs
+    "neox_parallel_block": ('norm_position = "parallel"\naffine = true\neps = 1e-5\n'
+                            'heads = 2\ncausal = true\nout_proj = true\nattention_bias = true\n'
+                            'rotary = true\nactivation = "gelu"\nffn_bias = true'),
+    "phi_parallel_shared_norm": ('norm_position = "parallel"\nshared_norm = true\n'
+                                 'affine = true\neps = 1e-5\nheads = 2\nout_proj = true\n'
+                                 'activation = "gelu_fast"\nffn_bias = true'),
+    "gemma2_block": ('norm = "rmsnorm"\nnorm_offset = true\nnorm_position = "pre"\n'
+                     'affine = true\neps = 1e-6\nheads = 4\nkv_heads = 2\ncausal = true\n'
+                     'out_proj = true\nrotary = true\nlogit_softcap = 0.7\n'
+                     'activation = "gelu_tanh"\nffn_gate = true'),
+    "layer_scale_quick_gelu": ('norm_position = "pre"\nlayer_scale = true\naffine = true\n'
+                               'eps = 1e-6\nheads = 2\nout_proj = true\n'
+                               'activation = "quick_gelu"\nffn_bias = true'),
+    "attention_softcap": 'kind = "self_attention"\nlogit_softcap = 0.5\ncausal = true',
+    "ffn_quick_gelu": 'kind = "ffn"\nactivation = "quick_gelu"\nffn_bias = true',
 }
 #: Sizes for the variants that need an even d_k (rotary) and d divisible by 4 heads.
 ROTARY_DIMS = {"L": 3, "d": 8, "d_k": 6, "d_ff": 5}
 DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rotary_bias",
-                                          "llama_block")}
+                                          "llama_block", "neox_parallel_block",
+                                          "gemma2_block")}
 
 
 #: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
 SLOW = {"llama_block", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
         "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
-        "pre_ln_relu_causal", "pre_ln_linear_loss"}
+        "pre_ln_relu_causal", "pre_ln_linear_loss", "neox_parallel_block", "gemma2_block",
+        "layer_scale_quick_gelu"}
 
 
 def _load_module(path, name):
@@ -145,6 +163,14 @@ def test_custom_loss_module_names_its_loss(variant):
     ({"kind": "block", "rotary": True, "rotary_base": 1.0}, "'rotary_base' must be a finite "
                                                             "number > 1, got 1.0"),
     ({"kind": "ffn", "rotary": True}, "'rotary' applies to kind block or self_attention"),
+    ({"kind": "block", "norm_offset": True, "affine": True},
+     "'norm_offset' scales by \\(1 \\+ gamma\\); it needs norm = \"rmsnorm\""),
+    ({"kind": "block", "shared_norm": True, "norm_position": "pre"},
+     "'shared_norm' .* needs norm_position = \"parallel\""),
+    ({"kind": "block", "layer_scale": True}, "'layer_scale' .* needs norm_position = \"pre\" "
+                                              "or \"parallel\""),
+    ({"kind": "block", "logit_softcap": -2.0}, "'logit_softcap' must be a finite number > 0"),
+    ({"kind": "ffn", "layer_scale": True}, "'layer_scale' applies to kind block"),
 ])
 def test_rejected_combinations(data, message):
     with pytest.raises(ConfigError, match=message):
