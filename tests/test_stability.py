@@ -132,7 +132,8 @@ def _autograd(name: str, order: int, dtype: torch.dtype) -> np.ndarray:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("order", [0, 1, 2])
-@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "softplus"])
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "gelu_fast", "quick_gelu", "silu", "tanh",
+                                  "sigmoid", "softplus"])
 def test_activation_derivatives_at_large_arguments(name, order, dtype, backend):
     fn = activation(name)
     for _ in range(order):

@@ -129,6 +129,27 @@ def test_variant_matches_torch_func(variant, name, backend):
     assert not bad, bad
 
 
+#: The new terms where they are strained (the stability matrix's scales, run with -m stability):
+#: soft-capped scores of large queries and keys, large inputs, rows of large mean.
+STRAINED = [("gemma2_block", "W_QK", 1e3), ("neox_parallel_block", "shift", 1e5),
+            ("layer_scale_quick_gelu", "X", 1e3), ("attention_softcap", "W_QK", 1e3)]
+
+
+@pytest.mark.stability
+@pytest.mark.parametrize("name, scaled, scale", STRAINED)
+def test_new_terms_are_as_stable_as_autograd(variant, name, scaled, scale):
+    from stability import DIMS, measure
+
+    config, _ = variant(name, "torch")
+    modules = {b: variant(name, b)[1] for b in ("numpy", "torch")}
+    dims = {**DIMS, **DIMS_OF.get(name, {})}
+    rows = measure(name, config, scaled, scale, modules=modules, dims=dims)
+    bad = [f"{r.function} {str(r.dtype)[6:]}: curvgap {r.curvgap}, autograd {r.autograd:.2e}"
+           for r in rows if not r.ok]
+    assert not bad, f"{len(bad)} functions above 10× autograd's error: " + "; ".join(bad[:5])
+    assert max(r.autograd for r in rows) <= 0.1
+
+
 @pytest.mark.slow
 def test_every_variant_renders_as_latex(tmp_path):
     """Through ``generate``, as users run it: every backend, LaTeX included."""
