@@ -138,7 +138,11 @@ class _Lowerer:
         terms = assign.expr.terms
         if len(terms) == 1 and self._direct(assign, terms[0]):
             value, coeff, _ = self.term(assign, terms[0], result=target.name)
-            if value != target.name or coeff != 1:
+            if value == target.name and coeff != 1 and self._fresh_product(target.name):
+                # a product just made (a batch mean's 1/B): scaled in place, not copied
+                self.function.statements.append(ir.Scale(target.name,
+                                                         self.coefficient(coeff)))
+            elif value != target.name or coeff != 1:
                 self.function.statements.append(
                     ir.Assign(target.name, value, self.coefficient(coeff)))
             return
@@ -153,6 +157,13 @@ class _Lowerer:
             value, coeff, (tie, broadcast) = self.term(assign, term)
             self.function.statements.append(
                 ir.Accumulate(target.name, tie, value, self.coefficient(coeff), broadcast))
+
+    def _fresh_product(self, name: str) -> bool:
+        """Whether the last statement made ``name`` as a product of two arrays (a fresh
+        array that nothing else holds)."""
+        last = self.function.statements[-1] if self.function.statements else None
+        return (isinstance(last, ir.Contract) and last.result == name
+                and len(last.operands) == 2)
 
     def _combine(self, assign: Assign) -> bool:
         """Lower a sum of single arrays (some broadcast, none on a diagonal) as one

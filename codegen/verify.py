@@ -41,6 +41,8 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
         return normalization.reference(config, params, Y + ffn.reference(config, params, Y),
                                        "_2")
     def scaled(out: torch.Tensor, k: int) -> torch.Tensor:
+        if config.sandwich_norm:
+            out = normalization.reference(config, params, out, f"_{k + 2}")
         return out * params[f"lambda_{k}"] if config.layer_scale else out
 
     N_1 = normalization.reference(config, params, X, "_1")

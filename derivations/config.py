@@ -41,6 +41,7 @@ APPLIES_TO = {
     "norm_offset": ("block", "layernorm"),
     "shared_norm": ("block",),
     "layer_scale": ("block",),
+    "sandwich_norm": ("block",),
     "logit_softcap": ("block", "self_attention"),
     "activation": ("block", "ffn"),
     "ffn_bias": ("block", "ffn"),
@@ -84,6 +85,7 @@ class Config:
     norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
     shared_norm: bool = False  # a parallel block's two branches read one norm (Phi, Falcon)
     layer_scale: bool = False  # a learned per-channel scale on each branch (LayerScale)
+    sandwich_norm: bool = False  # each branch's output normalised too (Gemma 2), pre-norm
     logit_softcap: float = 0.0  # attention scores cap * tanh(scores / cap) (Gemma 2); 0: none
     activation: str = "relu"
     ffn_bias: bool = False
@@ -182,6 +184,9 @@ def validate(data: dict, source: str = "config") -> Config:
     if config.layer_scale and config.norm_position == "post":
         raise ConfigError(f"{source}: 'layer_scale' scales a residual branch before it is "
                           "added; it needs norm_position = \"pre\" or \"parallel\"")
+    if config.sandwich_norm and config.norm_position != "pre":
+        raise ConfigError(f"{source}: 'sandwich_norm' normalises each branch's output before "
+                          "it is added; it needs norm_position = \"pre\"")
     if config.heads > 1 and not config.out_proj:
         raise ConfigError(f"{source}: heads = {config.heads} needs out_proj = true: "
                           "concatenating heads without W_O is not derived yet")

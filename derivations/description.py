@@ -42,6 +42,8 @@ def describe(config: Config | Program) -> tuple[str, str]:
                      + (", one norm" if config.shared_norm else "") + ")")
         else:
             block = f"Y = X + {a}(Norm_1(X)), Z = Y + {f}(Norm_2(Y))"
+        if config.sandwich_norm:
+            block += ", each branch's output normalised (Norm_3 after F, Norm_4 after FFN)"
         if config.layer_scale:
             block += ", lambda_1, lambda_2 learned per channel (LayerScale)"
         lines = [block, attention.describe(config), ffn.describe(config),

@@ -252,8 +252,14 @@ class Graph:
             terms.append(Term(term.coeff, kept).renamed(mapping))
         body = Expr(terms, reduced).simplified()
         ties = tuple(Delta(mapping[i], i) for i in expr.free if mapping[i] != i)
+        whole = body
         shared, body = self._shared_factors(body)
-        if shared and self._cheap(body):
+        if force and any(isinstance(f, Apply) and set(f.indices) == set(reduced)
+                         for f in shared):
+            # a forced node whose terms share an elementwise function over all its entries
+            # (an activation's derivative) is stored whole: that function is computed once
+            shared, body = (), whole
+        elif shared and self._cheap(body):
             return Expr([Term(t.coeff, shared + t.factors + ties) for t in body.terms],
                         expr.free)
         tensor = self.declare(name, body.free, self.is_batched(body))

@@ -175,7 +175,8 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
     """Post-LN: ``Y = LN_1(X + F(X))``, ``S = Y + FFN(Y)``, ``Z = LN_2(S)``.
     Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``.
     Parallel: ``Z = X + F(LN_1(X)) + FFN(LN_2(X))`` (``LN_2 = LN_1`` with ``shared_norm``).
-    With ``layer_scale`` each branch is scaled per channel first, ``λ_1 ∘ F``, ``λ_2 ∘ FFN``."""
+    With ``sandwich_norm`` each branch's output is normalised (``LN_3``, ``LN_4``) and with
+    ``layer_scale`` scaled per channel (``λ_1``, ``λ_2``) before it is added."""
     L, d = sizes.L, sizes.d
     i, j = g.index(L, "i"), g.index(d, "j")
 
@@ -208,8 +209,14 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
         scales = ([g.input(f"lambda_{k}", (d,), role="param", batched=False) for k in (1, 2)]
                   if config.layer_scale else [])
 
+        sandwiches: list[normalization.Normalized] = []
+
         def branch(out: Tensor, k: int) -> Expr:
-            """A branch's output, scaled per channel with ``layer_scale``."""
+            """A branch's output: normalised with ``sandwich_norm`` (norm ``k + 2``), scaled
+            per channel with ``layer_scale``."""
+            if config.sandwich_norm:
+                sandwiches.append(norm(out, k + 2, f"N_{k + 2}"))
+                out = sandwiches[-1].output
             return scales[k - 1][j] * out[i, j] if scales else out[i, j]
 
         ln1 = norm(X, 1, "N_1")
@@ -227,11 +234,10 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
             mlp = feed_forward(ln2.output)
             with g.sublayer("Residual connections"):
                 output = g.node("Z", (i, j), Y[i, j] + branch(mlp.output, 2))
-        if ln2 is ln1:  # one norm, its parameters once
-            params = layer.params + mlp.params + ln1.params + scales
-            return output, params, ln1.guards
-        params = layer.params + mlp.params + ln1.params + ln2.params + scales
-        return output, params, ln1.guards + ln2.guards
+        norms = [ln1] if ln2 is ln1 else [ln1, ln2]  # one norm: its parameters once
+        norms += sandwiches
+        params = layer.params + mlp.params + [p for n in norms for p in n.params] + scales
+        return output, params, [guard for n in norms for guard in n.guards]
     params = layer.params + mlp.params + ln1.params + ln2.params
     return output, params, ln1.guards + ln2.guards
 

@@ -70,3 +70,14 @@ def test_quick_models_bench_agrees_with_autograd(tmp_path):
     top = results["eigenvalue"]
     assert math.isclose(top["curvgap"]["eigenvalue"], top["double_backward"]["eigenvalue"],
                         rel_tol=1e-8)
+
+
+def test_the_readme_shows_the_latest_whole_model_run():
+    from pathlib import Path
+
+    from curvgap.benchmarks.models import markdown
+
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "docs" / "models.json").read_text())
+    assert not results["quick"]
+    assert markdown(results) in (root / "README.md").read_text()

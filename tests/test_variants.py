@@ -66,9 +66,11 @@ VARIANTS = {
                                  'affine = true\neps = 1e-5\nheads = 2\nout_proj = true\n'
                                  'activation = "gelu_fast"\nffn_bias = true'),
     "gemma2_block": ('norm = "rmsnorm"\nnorm_offset = true\nnorm_position = "pre"\n'
-                     'affine = true\neps = 1e-6\nheads = 4\nkv_heads = 2\ncausal = true\n'
-                     'out_proj = true\nrotary = true\nlogit_softcap = 0.7\n'
-                     'activation = "gelu_tanh"\nffn_gate = true'),
+                     'sandwich_norm = true\naffine = true\neps = 1e-6\nheads = 4\n'
+                     'kv_heads = 2\ncausal = true\nout_proj = true\nrotary = true\n'
+                     'logit_softcap = 0.7\nactivation = "gelu_tanh"\nffn_gate = true'),
+    "sandwich_layer_scale": ('norm_position = "pre"\nsandwich_norm = true\nlayer_scale = true\n'
+                             'affine = true\neps = 1e-5\nactivation = "gelu"'),
     "layer_scale_quick_gelu": ('norm_position = "pre"\nlayer_scale = true\naffine = true\n'
                                'eps = 1e-6\nheads = 2\nout_proj = true\n'
                                'activation = "quick_gelu"\nffn_bias = true'),
@@ -191,6 +193,8 @@ def test_custom_loss_module_names_its_loss(variant):
     ({"kind": "block", "layer_scale": True}, "'layer_scale' .* needs norm_position = \"pre\" "
                                               "or \"parallel\""),
     ({"kind": "block", "logit_softcap": -2.0}, "'logit_softcap' must be a finite number > 0"),
+    ({"kind": "block", "sandwich_norm": True}, "'sandwich_norm' .* needs norm_position = "
+                                               "\"pre\""),
     ({"kind": "ffn", "layer_scale": True}, "'layer_scale' applies to kind block"),
 ])
 def test_rejected_combinations(data, message):
