@@ -814,27 +814,29 @@ class Reader:
             raise self.refuse("an index by one tensor along one dimension")
         dim = at[0]
         ids = self.value(indices[dim])
-        full = self.leaf_dims(value)[dim]
-        if ids.constant is None or ids.constant == TOKENS or len(full) != 1 or not isinstance(
-                full[0].extent, int):
+        full = self.leaf_dims(value)[dim]  # one axis, or its factors (row-major)
+        if ids.constant is None or ids.constant == TOKENS or not full or not all(
+                isinstance(a.extent, int) for a in full):
             raise self.refuse("an index by a constant integer tensor along a dimension of "
                               "fixed size")
-        hot = Value(ids.dims + [[Axis(full[0].size.root())]], constant=ids.constant,
-                    transform=f"index:{full[0].extent}")
+        total = math.prod(a.extent for a in full)
+        # the dimension's own axes (their classes, split or not later, keep its factors)
+        hot = Value(ids.dims + [[Axis(a.size.root()) for a in value.dims[dim]]],
+                    constant=ids.constant, transform=f"index:{total}")
         return self._by_rows(value, dim, hot)
 
     def _by_rows(self, value: Value, dim: int, hot: Value) -> Value:
-        """``value``'s dimension ``dim`` (one axis) contracted with the last of ``hot`` (one-hot
-        rows): ``out[.., i.., ..] = Σ_r hot[i.., r] value[.., r, ..]``, ``hot``'s other
-        dimensions in place of ``dim``."""
+        """``value``'s dimension ``dim`` (an axis or its factors) contracted with the last of
+        ``hot`` (one-hot rows over the same factors): ``out[.., i.., ..] = Σ_r hot[i.., r]
+        value[.., r, ..]``, ``hot``'s other dimensions in place of ``dim``."""
         sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
         picked = [[a.size.root() for a in d] for d in self.leaf_dims(hot)[:-1]]
         out_sizes = sizes[:dim] + picked + sizes[dim + 1:]
         labels = self.out_labels(out_sizes)
-        inner = self.label()
+        inner = [self.label() for _ in sizes[dim]]
         return self.emit(out_sizes, labels, [(sp.Integer(1), [
-            self.operand(value, labels[:dim] + [[inner]] + labels[dim + len(picked):]),
-            self.operand(hot, labels[dim:dim + len(picked)] + [[inner]])])])
+            self.operand(value, labels[:dim] + [inner] + labels[dim + len(picked):]),
+            self.operand(hot, labels[dim:dim + len(picked)] + [inner])])])
 
     @reads(aten.embedding.default)
     def _read_embedding(self, node, weight, indices, *args) -> Value:
