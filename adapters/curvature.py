@@ -34,6 +34,7 @@ from ..codegen.cache import module_for
 from ..data import is_batches, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
+from ..models.chain import overflowed
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
@@ -122,12 +123,13 @@ class Curvature:
             self._fingerprint = current
         call = Call(keyword, self.batch_dim)
         key = signature(call, X, inputs)
-        # a batch of one is read (and its fixed sizes checked) as the sample twice
+        # a batch of one shows no batch axis to a trace: it is read (and its fixed sizes
+        # checked) as the sample twice
         one = X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1
         seen = (doubled(X, call.batch_dim), doubled(inputs, call.batch_dim)) if one else (
             X, inputs)
         if key not in self._reads or not fits(self._reads[key].trace, call, *seen):
-            self._reads[key] = self._read(call, X, inputs)
+            self._reads[key] = self._read(call, *seen)
         read = self._reads[key]
         values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
         params = {name: self.module.get_parameter(source).detach()
@@ -150,9 +152,6 @@ class Curvature:
 
     def _read(self, call: Call, X: torch.Tensor, inputs: dict) -> _Read:
         start = time.perf_counter()
-        if X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1:
-            # a batch of one shows no batch axis to a trace: read on the sample twice
-            X, inputs = doubled(X, call.batch_dim), doubled(inputs, call.batch_dim)
         traced = trace(self.module, call, X, inputs, self.loss_name)
         programs, paths = traced.programs, traced.paths
         prefixes = ([""] if len(programs) == 1 else
@@ -276,10 +275,7 @@ class Curvature:
                         slot.add_(values[name].reshape(-1))
                 offset += size
         if not math.isfinite(float(out.sum())) and not bool(torch.isfinite(out).all()):
-            raise FloatingPointError(
-                f"{quantity} has entries that are inf or NaN although every input is finite: "
-                f"the arithmetic overflowed {like.dtype}; pass inputs and parameters of smaller "
-                "magnitude (or float64)")
+            raise overflowed(quantity, like.dtype)
         return out
 
     @staticmethod

@@ -53,25 +53,28 @@ def _randomised(module: torch.nn.Module, dtype: torch.dtype, seed: int) -> torch
     generator = torch.Generator().manual_seed(seed)
     module = module.to(dtype).eval()
     with torch.no_grad():
-        for p in module.parameters():
+        for name, p in module.named_parameters():
             noise = torch.randn(p.shape, generator=generator, dtype=dtype) * 0.02
-            p.copy_(noise + (1.0 if p.ndim == 1 and "weight" in _name_of(module, p) else 0.0))
+            p.copy_(noise + (1.0 if p.ndim == 1 and "weight" in name else 0.0))
     return module
 
 
-def _name_of(module: torch.nn.Module, param: torch.Tensor) -> str:
-    return next(n for n, p in module.named_parameters() if p is param)
+def _gpt2_model(layers: int, d: int, heads: int, L: int, dtype: torch.dtype,
+                device: str) -> torch.nn.Module:
+    """A ``GPT2Model`` of random weights (eager attention, a small vocabulary it never
+    reads: the input is embedded already)."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, n_positions=L, vocab_size=64,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    return _randomised(GPT2Model(config), dtype, 0).to(device)
 
 
 def gpt2(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Model:
     """GPT-2 small (``GPT2Model``: 12 layers, width 768, 12 heads) on ``L = 128`` embedded
     tokens, MSE on the last hidden state."""
-    from transformers import GPT2Config, GPT2Model
-
     layers, d, heads, L = (2, 16, 2, 8) if quick else (12, 768, 12, 128)
-    config = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, n_positions=L, vocab_size=64,
-                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    module = _randomised(GPT2Model(config), dtype, 0).to(device)
+    module = _gpt2_model(layers, d, heads, L, dtype, device)
     X, T = _rows(batch, L, d, dtype, device)
     return Model(f"GPT-2 small, L={L}, B={batch}" if not quick else "GPT-2 (tiny)", module, None,
                  T, inputs={"inputs_embeds": X, "use_cache": False})
@@ -191,19 +194,14 @@ class Routes:
             return self._flat(torch.autograd.grad(dot, params, allow_unused=True))
 
     def jvp_vjp(self) -> torch.Tensor:
-        """``J^T (∂²ℓ/∂Z²) J v`` by ``torch.func``: jvp, the loss's curvature, vjp."""
+        """``J^T (∂²ℓ/∂Z²) J v`` by ``torch.func``: jvp, the loss's curvature along it (double
+        backward of the loss in the output), vjp."""
         params = {k: p.detach() for k, p in self.params.items()}
         with sdpa_kernel(SDPBackend.MATH):  # the fused kernels have no forward mode
             out, tangent = torch.func.jvp(self._output, (params,), (self._pieces(self.v),))
-        if self.model.loss == "mse":
-            curved = 2 * tangent / out.numel()
-        else:
-            logits = out.reshape(-1, out.shape[-1])
-            p = logits.softmax(-1)
-            dt = tangent.reshape(p.shape)
-            curved = ((p * dt - p * (p * dt).sum(-1, keepdim=True)) / p.shape[0]).reshape(
-                out.shape)
-        with sdpa_kernel(SDPBackend.MATH):
+            out = out.detach().requires_grad_(True)
+            (slope,) = torch.autograd.grad(self._loss_of(out), out, create_graph=True)
+            (curved,) = torch.autograd.grad(slope, out, tangent)
             _, pullback = torch.func.vjp(self._output, params)
         return torch.cat([g.reshape(-1) for g in pullback(curved)[0].values()])
 
@@ -312,13 +310,8 @@ def eigenvalue(quick: bool, device: str = "cpu") -> dict | None:
         from scipy.sparse.linalg import LinearOperator, eigsh
     except ImportError:
         return None
-    from transformers import GPT2Config, GPT2Model
-
     d, L = (16, 8) if quick else (128, 16)
-    config = GPT2Config(n_embd=d, n_layer=2, n_head=4 if not quick else 2, n_positions=L,
-                        vocab_size=64, bos_token_id=0, eos_token_id=0,
-                        attn_implementation="eager")
-    module = _randomised(GPT2Model(config), torch.float64, 0).to(device)
+    module = _gpt2_model(2, d, 2 if quick else 4, L, torch.float64, device)
     X, T = _rows(2, L, d, torch.float64, device)
     routes = Routes(Model("GPT-2, 2 layers", module, None, T,
                           inputs={"inputs_embeds": X, "use_cache": False}))

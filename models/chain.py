@@ -53,6 +53,13 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def overflowed(quantity: str, dtype: Any) -> FloatingPointError:
+    """The error for a result with inf or NaN entries although every input was finite."""
+    return FloatingPointError(f"{quantity} has entries that are inf or NaN although every "
+                              f"input is finite: the arithmetic overflowed {dtype}; pass "
+                              "inputs and parameters of smaller magnitude (or float64)")
+
+
 class Chain:
     """Parts applied one after another, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, each part
     a ``(prefix, config)`` of any kind whose input is the previous part's output (an
@@ -191,30 +198,22 @@ class Chain:
         finite = (bool(torch.isfinite(value).all()) if self.backend == "torch"
                   else bool(np.isfinite(value).all()))
         if not finite:
-            raise FloatingPointError(f"{quantity} has entries that are inf or NaN although "
-                                     f"every input is finite: the arithmetic overflowed "
-                                     f"{value.dtype}; pass inputs and parameters of smaller "
-                                     f"magnitude (or float64)")
+            raise overflowed(quantity, value.dtype)
         return self._cast(value, like)
 
+    def _wide(self, a: Any) -> Any:
+        """``a`` in the dtype it is computed in: float16 and bfloat16 arrays in float32, so
+        that every part computes in it (anything else as it is)."""
+        if self.backend == "torch":
+            narrow = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
+            return a.float() if narrow else a
+        return a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
+
     def _widened(self, params: dict[str, Array], X: Array, *others: Array) -> tuple:
-        """``params``, ``X`` and ``others`` with a batch axis on ``X`` (a single sample gets
-        one: ``single``) and in the dtype they are computed in (float16 and bfloat16 in
-        float32, so that every part computes in it): ``(params, X, others, single)``."""
-        single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
-        if single:
-            X = X[None]
-        if self.backend == "torch" and X.dtype in (torch.float16, torch.bfloat16):
-            def wide(a):
-                return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-            return ({k: wide(a) for k, a in params.items()}, wide(X),
-                    tuple(wide(o) for o in others), single)
-        if self.backend == "numpy" and X.dtype == np.float16:
-            def wide(a):
-                return a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
-            return ({k: wide(a) for k, a in params.items()}, wide(X),
-                    tuple(wide(o) for o in others), single)
-        return params, X, others, single
+        """``params``, ``X`` and ``others`` in the dtype they are computed in
+        (:meth:`_wide`): ``(params, X, others)``."""
+        return ({k: self._wide(a) for k, a in params.items()}, self._wide(X),
+                tuple(self._wide(o) for o in others))
 
     def gradient_pieces(self, params: dict[str, Array], X: Array, target: Array
                         ) -> tuple[dict[str, Array], Array]:
@@ -223,11 +222,7 @@ class Chain:
         ``vec_r``), and per sample the gradient of each sample's own loss in its input, shaped
         as ``X`` — in the dtype they are computed in (float16 and bfloat16 in float32), not
         yet checked for overflow (:meth:`gradient` assembles and checks them)."""
-        params, X, (target,), single = self._widened(params, X, target)
-        if single:
-            raise ValueError(f"X: expected a batch of shape (B, "
-                             f"{', '.join(self.modules[0].INPUT_SHAPE)}), got shape "
-                             f"{tuple(X.shape)}")
+        params, X, (target,) = self._widened(params, X, target)
         _, gradients, cotangents = self._backward(self._layers(params), X, target)
         return ({_key(prefix, name): value for prefix, part in zip(self.prefixes, gradients)
                  for name, value in part.items()}, cotangents[0])
@@ -308,7 +303,7 @@ class Chain:
             raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
                              f"{part!r}")
         like = X
-        params, X, (target,), _ = self._widened(params, X, target)
+        params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
@@ -418,7 +413,7 @@ class Chain:
         to_input = isinstance(wrt, str) and wrt == "X"
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
         like = X
-        params, X, (target,), _ = self._widened(params, X, target)
+        params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
@@ -479,11 +474,9 @@ class Chain:
         if kind not in ("hvp", "gnvp"):
             raise ValueError(f"kind: expected 'hvp' or 'gnvp', got {kind!r}")
         per_sample = not isinstance(directions, list)
-        params, wide, (target,), _ = self._widened(params, X, target)
-        if wide.dtype != X.dtype:  # the directions in the dtype computed in, too
-            directions = (self._cast(directions, wide) if per_sample else
-                          [{k: self._cast(a, wide) for k, a in d.items()} for d in directions])
-        X = wide
+        params, X, (target,) = self._widened(params, X, target)
+        directions = (self._wide(directions) if per_sample else  # computed in X's dtype too
+                      [{k: self._wide(a) for k, a in d.items()} for d in directions])
         if per_sample:
             columns, lowest = [directions], 0
         else:
