@@ -326,8 +326,11 @@ def _path(spec: str, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, 
     order for up to four operands (fast), by dynamic programming for more."""
     largest = max(math.prod(s) for s in [*shapes, tuple(out_shape)])
     method = "optimal" if spec.count(",") < 4 else "dp"
-    path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize=method,
-                                          memory_limit=MEMORY_FACTOR * largest)
+    try:
+        path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize=method,
+                                              memory_limit=MEMORY_FACTOR * largest)
+    except RuntimeError:  # dynamic programming found no order within the limit
+        path = [(0, 1, 2)]
     if any(len(step) > 2 for step in path):  # the limit left no pairwise order
         path, info = opt_einsum.contract_path(spec, *shapes, shapes=True, optimize="auto-hq")
     return path, int(info.opt_cost)

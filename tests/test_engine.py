@@ -54,3 +54,13 @@ def test_bind_factors_out_common_deltas():
     assert g.tensors["K"].indices == (i, j)
     (term,) = bound.terms
     assert Delta(i, p) in term.factors
+
+
+def test_a_product_no_order_keeps_within_the_memory_limit_still_gets_a_pairwise_order():
+    """GPT-2 block's diagonal: dynamic programming finds no order under the limit (opt_einsum
+    raises); the order of fewest flops is taken instead."""
+    from curvgap.codegen.lowering import _path
+
+    shapes = ((8, 128, 32), (8, 128, 32), (32,), (8, 4, 128, 8), (8, 4, 128, 8), (8, 128))
+    path, flops = _path("acd,ace,e,afcg,ahci,ac->fgdhi", shapes, (4, 8, 32, 4, 8))
+    assert all(len(step) == 2 for step in path) and len(path) == 5 and flops > 0
