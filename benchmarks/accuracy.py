@@ -179,14 +179,25 @@ def _failure(error: Exception) -> str:
 
 def table(results: dict[str, dict[str, float | str]]) -> str:
     """The results as a Markdown table (relative errors of the HVP; ``torch.func.hessian``:
-    of the whole Hessian)."""
+    of the whole Hessian), a tool that fails marked ``fails (k)``, its error listed below."""
     tools = ["curvgap", "torch.func jvp(grad)", "torch.func.hessian", "curvlinops"]
-    lines = ["| layer | " + " | ".join(tools) + " |",
+    lines = ["| layer | " + " | ".join(f"`{t}`" if t.startswith("torch") else t
+                                       for t in tools) + " |",
              "| --- | " + " | ".join("---:" for _ in tools) + " |"]
+    failures: list[str] = []
+
+    def cell(value: float | str) -> str:
+        if isinstance(value, float):
+            return f"{value:.1e}"
+        message = value.removeprefix("fails: ")
+        if message not in failures:
+            failures.append(message)
+        return f"fails ({failures.index(message) + 1})"
+
     for name, row in results.items():
-        cells = [f"{row[t]:.1e}" if isinstance(row[t], float) else str(row[t]) for t in tools]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(f"| {name} | " + " | ".join(cell(row[t]) for t in tools) + " |")
+    notes = [f"({k}) {message}" for k, message in enumerate(failures, 1)]
+    return "\n".join(lines) + ("\n\n" + "  \n".join(notes) if notes else "")
 
 
 def run_accuracy(out: Path) -> dict[str, dict[str, float | str]]:

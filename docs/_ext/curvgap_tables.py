@@ -1,0 +1,65 @@
+"""Tables read from the runs that produced them, written before the pages are read.
+
+Each ``docs/_generated/<name>.md`` is rendered from a committed result file by the function of
+the code that wrote that file, so a page that includes it cannot drift from its run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from sphinx.application import Sphinx
+
+DOCS = Path(__file__).resolve().parents[1]
+
+
+def _accuracy() -> str:
+    from curvgap.benchmarks.accuracy import table
+
+    return table(json.loads((DOCS / "accuracy.json").read_text()))
+
+
+def _models() -> str:
+    from curvgap.benchmarks.models import markdown
+
+    return markdown(json.loads((DOCS / "models.json").read_text()))
+
+
+def _cli() -> str:
+    """``curvgap --help`` and each command's ``--help``, as the command prints them."""
+    import argparse
+
+    from curvgap.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parts = [("curvgap", parser)] + [(f"curvgap {name}", sub)
+                                     for name, sub in commands.choices.items()]
+    return "\n\n".join(f"## `{title}`\n\n```text\n{sub.format_help().rstrip()}\n```"
+                        for title, sub in parts)
+
+
+#: the generated tables, by file name
+TABLES: dict[str, Callable[[], str]] = {
+    "accuracy": _accuracy,
+    "models": _models,
+    "cli": _cli,
+}
+
+
+def write_tables(app: Sphinx) -> None:
+    """Write every table into ``docs/_generated/`` (only where its text changed)."""
+    folder = DOCS / "_generated"
+    folder.mkdir(exist_ok=True)
+    for name, render in TABLES.items():
+        path = folder / f"{name}.md"
+        text = render() + "\n"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("builder-inited", write_tables)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
