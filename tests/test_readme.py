@@ -39,5 +39,5 @@ SLOW = ("curvgap generate --config", "eigsh", "DataLoader")
     ids=[f"{page}-{kind}-{n}" for n, (page, kind, _) in enumerate(EXAMPLES)])
 def test_example_runs(kind, code, tmp_path):
     command = [sys.executable, "-c", code] if kind == "python" else ["bash", "-ec", code]
-    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
