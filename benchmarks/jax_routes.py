@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._extras import require
 from ..derivations.config import Config
 
 #: What the JAX forward pass covers: the paper's block and its activation variants.
@@ -30,8 +31,8 @@ def unsupported(config: Config) -> str | None:
 
 def routes(config: Config, params: dict, X, target, v) -> dict[str, Callable]:
     """``{"jax jit hvp": ..., "jax jit ggn": ...}`` on numpy copies of the case (float64)."""
-    import jax
-    import jax.numpy as jnp
+    jax = require("jax", "the JAX comparison")
+    jnp = require("jax.numpy", "the JAX comparison")
 
     jax.config.update("jax_enable_x64", True)
     activation = {"relu": jax.nn.relu, "gelu": lambda u: jax.nn.gelu(u, approximate=False),

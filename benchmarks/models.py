@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .._extras import message, require
 from ..adapters import curvature
 from ..codegen.output import write_file
 from .suite import machine
@@ -373,7 +374,9 @@ def _relative_scalar(top: dict) -> float:
 
 def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
     """Measure every row of :data:`ROWS` (:data:`QUICK_ROWS` when ``quick``) and the
-    eigenvalue, print the table, write ``models.json`` into ``out``."""
+    eigenvalue, print the table, write ``models.json`` into ``out`` (:class:`ImportError`
+    naming the ``transformers`` extra, before any work, without transformers)."""
+    require("transformers", "curvgap bench --models", "transformers")
     rounds = 1 if quick else 3
     where = (f"{torch.get_num_threads()} threads" if device == "cpu" else
              torch.cuda.get_device_name(device))
@@ -392,7 +395,7 @@ def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
     print("  … the top Hessian eigenvalue by eigsh", file=sys.stderr, flush=True)
     top = eigenvalue(quick, device)
     if top is None:
-        print("  eigenvalue: skipped (needs scipy: pip install 'curvgap[operators]')")
+        print(f"  eigenvalue: skipped ({message(['scipy'], 'eigsh', 'operators')})")
     else:
         print(f"  top eigenvalue of {top['model']} ({top['parameters']:,} parameters): curvgap "
               f"{top['curvgap']['eigenvalue']:.12g} in {top['curvgap']['seconds']:.2f} s, "

@@ -13,6 +13,7 @@ from types import ModuleType
 import torch
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
+from .._extras import require
 from ..codegen import backends
 from ..codegen.verify import batch_loss, reference_output, sample_loss
 from ..derivations.config import Config
@@ -122,14 +123,14 @@ class Routes:
 
     # -- curvlinops -----------------------------------------------------------------------
     def curvlinops_operator(self):
-        from curvlinops import HessianLinearOperator
-
+        curvlinops = require("curvlinops", "the curvlinops comparison")
         data = [(self.X, self.target)]
         loss = (torch.nn.MSELoss() if self.config.loss == "mse" else None)
         if loss is None:
             return None
-        return HessianLinearOperator(self.model, loss, list(self.model.parameters()), data,
-                                     progressbar=False, check_deterministic=False)
+        return curvlinops.HessianLinearOperator(self.model, loss, list(self.model.parameters()),
+                                                data, progressbar=False,
+                                                check_deterministic=False)
 
     def curvlinops_matvec(self) -> Callable | None:
         operator = self.curvlinops_operator()

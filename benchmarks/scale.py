@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.func import grad, jvp, vmap
 
+from .._extras import require
 from ..codegen.cache import module_for
 from ..codegen.output import write_file
 from ..codegen.resources import CONFIGS
@@ -66,7 +67,7 @@ def _optional(name: str, make: Callable, report: Callable[[str], None]) -> dict:
     try:
         return make()
     except ImportError as missing:
-        report(f"    {name}: skipped ({missing.name} is not installed)")
+        report(f"    {name}: skipped ({missing})")
         return {}
 
 
@@ -174,11 +175,10 @@ def _case(r: Routes, config, repeats: int, report: Callable[[str], None]) -> dic
 
 
 def _ggn_matvec(r: Routes) -> Callable:
-    from curvlinops import GGNLinearOperator
-
-    operator = GGNLinearOperator(r.model, torch.nn.MSELoss(), list(r.model.parameters()),
-                                 [(r.X, r.target)], progressbar=False,
-                                 check_deterministic=False)
+    curvlinops = require("curvlinops", "the curvlinops comparison")
+    operator = curvlinops.GGNLinearOperator(r.model, torch.nn.MSELoss(),
+                                            list(r.model.parameters()), [(r.X, r.target)],
+                                            progressbar=False, check_deterministic=False)
     return lambda: operator @ r.v
 
 

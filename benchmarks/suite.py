@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._extras import missing, require
 from ..codegen.backends import MODULE_BACKENDS
 from ..codegen.generate import render_all
 from ..codegen.output import replacing, write_file
@@ -132,7 +133,11 @@ class Runner:
 
 def run(config_name: str = "paper_block", quick: bool = False, out: Path | None = None,
         report: Callable[[str], None] = print) -> dict:
-    """Run the benchmark suite; return (and write) the results."""
+    """Run the benchmark suite; return (and write) the results (:class:`ImportError` naming
+    the ``bench`` extra, before any work, when ``out`` is given and matplotlib, which draws
+    ``bench.png``, is not installed)."""
+    if out is not None:
+        require("matplotlib", "bench.png", "bench")
     repeats = rounds = 1 if quick else 3
     runner = Runner(config_name, repeats, rounds, report)
     headline, batch = (({"L": 4, "d": 4, "d_k": 4, "d_ff": 8}, 4) if quick
@@ -140,6 +145,9 @@ def run(config_name: str = "paper_block", quick: bool = False, out: Path | None 
     report(f"curvgap bench: {config_name}, {'quick' if quick else 'full'} run, "
            f"median of at least {repeats} runs after a warm-up, median of {rounds} rounds")
     report(f"  machine: {machine()}")
+    absent = missing(["curvlinops"], "the curvlinops comparison")
+    if absent:
+        report(f"  skipped: {absent}")
     for dtype in (torch.float64,) if quick else (torch.float64, torch.float32):
         _headline(runner, headline, batch, dtype)
     if not quick:

@@ -10,45 +10,30 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from .._extras import MissingExtra, missing
 from ..codegen import output
-from ..codegen.backends import MODULE_BACKENDS
-from ..codegen.generate import (
-    GenerationError,
-    generate,
-    is_shipped_folder,
-    load_configs,
-    output_folder,
-    relative_path,
-    stale_files,
-)
 from ..derivations.config import ConfigError
-from .verification import verify
+from . import arguments
 
 
 def _latex(name: str, out: str, pdf: bool) -> int:
-    """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it."""
+    """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it (the
+    paths checked already, :mod:`.arguments`)."""
     from ..codegen.backends import latex
-    from ..codegen.generate import render
-    from ..codegen.resources import CONFIGS, GENERATED, shipped_configs
+    from ..codegen.generate import GenerationError, is_shipped_folder, render
+    from ..codegen.resources import GENERATED, shipped_configs
     from ..derivations.config import load
     from ..derivations.model import derive
 
-    path = Path(name) if name.endswith(".toml") else CONFIGS / f"{name}.toml"
     try:
-        (config,) = load_configs([path])
-    except (ConfigError, FileNotFoundError) as error:
-        print(f"curvgap: error: NAME: expected a shipped config name or a .toml file, got "
-              f"{name!r} ({error})", file=sys.stderr)
-        return 2
-    try:
-        out = output_folder(out)
+        config = load(arguments.latex_path(name))
+        out = Path(out)
         shipped = {p.stem: p for p in shipped_configs()}
         if is_shipped_folder(out, GENERATED / "latex") and config.name in shipped and \
                 load(shipped[config.name]) != config:
@@ -56,9 +41,6 @@ def _latex(name: str, out: str, pdf: bool) -> int:
                                   f"config differs from it: writing it into {out} would "
                                   "replace the shipped document; rename it or choose another "
                                   "--out")
-        # pdflatex writes its files beside the document, through links: none may be one
-        written = (".tex", ".pdf", ".aux", ".log", ".toc", ".out") if pdf else (".tex",)
-        output.check_files(out, [config.name + suffix for suffix in written])
         out.mkdir(parents=True, exist_ok=True)
         tex = out / f"{config.name}.tex"
         output.write_file(tex, render(derive(config), latex.BACKEND))
@@ -137,6 +119,17 @@ def _parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     """``curvgap generate``: write (or, with ``--check``, check) the generated files and
     verify the written modules."""
+    from ..codegen.backends import MODULE_BACKENDS
+    from ..codegen.generate import (
+        GenerationError,
+        generate,
+        load_configs,
+        output_folder,
+        relative_path,
+        stale_files,
+    )
+    from .verification import verify
+
     start = time.perf_counter()
     try:
         if args.check:
@@ -173,48 +166,18 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
 
 
-#: The optional packages each command needs, and the extra that installs them.
-EXTRAS = {"bench": (("matplotlib", "sklearn"), "bench"),
-          "reproduce": (("matplotlib", "scipy", "sklearn"), "analysis")}
-
-
-def _missing_extra(command: str) -> str | None:
-    """What ``command`` lacks, as a one-line message saying how to install it (None when
-    nothing is missing)."""
-    modules, extra = EXTRAS.get(command, ((), ""))
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    names = ", ".join("scikit-learn" if m == "sklearn" else m for m in missing)
-    return (f"curvgap {command} needs {names}; install it with "
-            f"pip install -e \".[{extra}]\" (or pip install 'curvgap[{extra}]')")
-
-
-def _results_folder(args: argparse.Namespace) -> Path:
-    """The ``--out`` of ``bench`` or ``reproduce``, checked before the run: a folder or a
-    path where one can be made, none of the files the run writes there a symbolic link
-    (:class:`output.OutputError` otherwise)."""
-    if str(args.out).strip() == "":
-        raise output.OutputError("--out: expected a folder path, got an empty string (an "
-                                 "unset variable?)")
-    folder = Path(args.out)
-    output.check_folder(folder)
+def needs(args: argparse.Namespace) -> tuple[tuple[str, ...], str, str]:
+    """The optional packages (import names) the command of ``args`` needs, the command in
+    words and the extra that installs them."""
     if args.command == "reproduce":
-        from ..analysis.reproduce import FIGURES  # (its import builds a model)
-
-        names = ["report.md", "report.json", *FIGURES.values()]
-    elif args.distributed:
-        names = ["distributed.json"]
-    elif args.models:
-        names = ["models.json"]
-    elif args.accuracy:
-        names = ["accuracy.json"]
-    elif args.scale:
-        names = ["scale.json"]
-    else:
-        names = ["bench.json", "bench.png"]
-    output.check_files(folder, names)
-    return folder
+        return ("matplotlib", "scipy", "sklearn"), "curvgap reproduce", "analysis"
+    if args.command != "bench" or args.accuracy or args.scale:
+        return (), "", ""
+    if args.distributed:  # the digits ViT of curvgap.analysis (its spectra use scipy)
+        return ("sklearn", "scipy"), "curvgap bench --distributed", "analysis"
+    if args.models:
+        return ("transformers",), "curvgap bench --models", "transformers"
+    return ("matplotlib",), "curvgap bench", "bench"
 
 
 def torch_cuda() -> bool:
@@ -225,18 +188,28 @@ def torch_cuda() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input)."""
+    """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input). The
+    optional packages a command needs and its path arguments are checked before any work,
+    a missing one or a bad one stopping it with one line (:mod:`.arguments`); ``--help``
+    imports neither torch nor SymPy."""
     args = _parser().parse_args(argv)
-    missing = _missing_extra(args.command)
-    if missing:
-        print(f"curvgap: error: {missing}", file=sys.stderr)
+    if args.command == "bench" and args.device == "cuda" and not args.models:
+        print("curvgap: error: --device cuda: expected --models with it (the other bench "
+              "modes run on the CPU)", file=sys.stderr)
         return 2
-    if args.command in ("bench", "reproduce"):
-        try:
-            args.out = _results_folder(args)
-        except output.OutputError as error:
-            print(f"curvgap: error: {error}", file=sys.stderr)
-            return 2
+    try:
+        absent = missing(*needs(args))
+        if absent:
+            raise MissingExtra(absent)
+        arguments.check(args)
+        return _run(args)
+    except (MissingExtra, ConfigError, output.OutputError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command of ``args``, its arguments checked."""
     if args.command == "bench" and args.accuracy:
         from ..benchmarks.accuracy import run_accuracy
 
@@ -247,10 +220,6 @@ def main(argv: list[str] | None = None) -> int:
 
         run_distributed(args.quick, args.out)
         return 0
-    if args.command == "bench" and args.device == "cuda" and not args.models:
-        print("curvgap: error: --device cuda: expected --models with it (the other bench "
-              "modes run on the CPU)", file=sys.stderr)
-        return 2
     if args.command == "bench" and args.models:
         from ..benchmarks.models import run_models
 

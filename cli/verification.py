@@ -75,32 +75,38 @@ def _load_module(path: Path):
 
 
 def verify(paths: list[Path], configs: dict[str, Config]) -> bool:
-    """Check each module of ``paths`` against torch.func and print a row each (a module
-    verified before is not run again); whether all passed."""
+    """Check each module of ``paths`` against torch.func (a module verified before is not
+    run again): a line naming each module before its checks and one with its result as they
+    happen, then the table of all; whether all passed."""
     print(f"\nverification against torch.func (float64, B = 2, L = {BASE_DIMS['L']}, "
           f"d_k = {BASE_DIMS['d_k']}, d_ff = {BASE_DIMS['d_ff']}, d = 6 or the next multiple "
-          "of the heads; tolerance 1e-10 relative):")
-    print(f"  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
-    cache, ok = _read_cache(), True
-    for path in paths:
+          "of the heads; tolerance 1e-10 relative):", flush=True)
+    cache, ok, rows = _read_cache(), True, []
+    for k, path in enumerate(paths, 1):
         config = configs[path.stem]
         dims = verify_dims(config)
         key = _key(path, dims)
-        row = f"  {path.stem:<22}{path.parent.name:<9}"
+        name = f"  [{k}/{len(paths)}] {path.stem} ({path.parent.name})"
         if key in cache:
             count, error, worst = cache[key]
-            print(f"{row}{count:>7}  {error:>15.2e}  {worst}  (verified before)", flush=True)
-            continue
-        start = time.perf_counter()
-        print(row, end="", flush=True)  # the module being checked, its numbers when done
-        errors = check_module(config, _load_module(path), path.parent.name, dims)
-        worst = max(errors, key=errors.get)
-        passed = errors[worst] <= TOLERANCE
-        ok &= passed
-        print(f"{len(errors):>7}  {errors[worst]:>15.2e}  {worst}"
-              f"{'' if passed else '  FAILED'}  ({time.perf_counter() - start:.1f} s)",
-              flush=True)
-        if passed:
-            cache[key] = [len(errors), errors[worst], worst]
-            _write_cache(cache)
+            note = "(verified before)"
+            print(f"{name}: verified before", flush=True)
+        else:
+            print(f"{name}: checking ...", flush=True)
+            start = time.perf_counter()
+            errors = check_module(config, _load_module(path), path.parent.name, dims)
+            worst = max(errors, key=errors.get)
+            count, error = len(errors), errors[worst]
+            passed, seconds = error <= TOLERANCE, time.perf_counter() - start
+            ok &= passed
+            note = f"{'' if passed else 'FAILED  '}({seconds:.1f} s)"
+            print(f"{name}: {count} checks, max rel. error {error:.2e} ({worst})"
+                  f"{'' if passed else ', FAILED'}, {seconds:.1f} s", flush=True)
+            if passed:
+                cache[key] = [count, error, worst]
+                _write_cache(cache)
+        rows.append(f"  {path.stem:<22}{path.parent.name:<9}{count:>7}  {error:>15.2e}  "
+                    f"{worst}  {note}")
+    print(f"\n  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
+    print("\n".join(rows), flush=True)
     return ok

@@ -25,6 +25,15 @@ Made for sharing by processes and users' jobs running at once:
   cache folder and the folders curvgap makes in it must be owned by the user (or root) and
   writable by no one else, or :class:`CacheError` refuses them; a module file owned by
   someone else, writable by others or a symbolic link is not trusted and is regenerated.
+
+A process that generates a module says so in one line on stderr, what it generates and why
+(the cache has no current module of it), completed by the time it took::
+
+    curvgap: generating the torch code of GPT2Block's loss, gradient and curvature products:
+    not in the module cache /home/me/.cache/curvgap/modules yet ... done in 14.2 s
+
+(one line on screen). A module loaded from the cache says nothing. ``CURVGAP_QUIET=1`` in
+the environment silences the line.
 """
 
 from __future__ import annotations
@@ -38,7 +47,9 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +65,12 @@ _LOADED: dict[Path, ModuleType] = {}
 
 #: What a key must look like: a hex digest (it names files).
 _KEY = re.compile(r"[0-9a-f]{8,128}")
+#: The environment variable that, set to anything but "" or "0", silences the line a
+#: generation prints.
+QUIET = "CURVGAP_QUIET"
+#: What a program's module computes, by its scope, in words.
+SCOPES = {"products": "loss, gradient and curvature products",
+          "blocks": "Jacobians, Hessian blocks and diagonals"}
 
 
 class CacheError(RuntimeError):
@@ -84,17 +101,24 @@ def module_for(config: Config | Program, backend: str = "torch") -> ModuleType:
         key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     named = dataclasses.replace(config, name=f"layer_{key}")
     chosen = _module_backend(backend)
+    if isinstance(config, Program):
+        what = f"the {chosen.name} code of {config.title}'s {SCOPES[config.scope]}"
+    else:
+        what = (f"the {' and '.join(b.name for b in MODULE_BACKENDS)} code of the config "
+                f"{config.name!r}")
 
     def render() -> dict[str, str]:
         backends = (chosen,) if isinstance(named, Program) else MODULE_BACKENDS
         rendered = render_all([named], report=lambda line: None, backends=backends)
         return {item.backend: item.text for item in rendered}
 
-    return cached_module(key, backend, render, source=lambda: source_hash(named, chosen))
+    return cached_module(key, backend, render, source=lambda: source_hash(named, chosen),
+                         what=what)
 
 
 def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]],
-                  source: str | Callable[[], str] | None = None) -> ModuleType:
+                  source: str | Callable[[], str] | None = None,
+                  what: str | None = None) -> ModuleType:
     """The cached ``backend`` module named by ``key`` (a lowercase hex digest of what the
     module computes, 8 to 128 digits), loaded once per process.
 
@@ -104,7 +128,8 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
     ``backend`` among them; every file it returns is stored. ``source`` is the source hash
     a current file records (or a callable giving it, called only when needed); without it
     any intact file of ``key`` is current, so ``key`` must then cover everything that shapes
-    the text."""
+    the text. ``what`` names the module in the line a generation prints (default: its
+    key)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"key: expected a lowercase hex digest of 8 to 128 digits, got "
                          f"{key!r}")
@@ -117,7 +142,8 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
     _prepare(folder, [chosen.name])
     text = _current(path, expected)
     if text is None:
-        text = _generate(folder, key, chosen.name, render, expected)
+        text = _generate(folder, key, chosen.name, render, expected,
+                         what or f"the {chosen.name} module {key}")
     module = _load(path, text, f"_curvgap_layer_{key}_{chosen.name}")
     _LOADED[path] = module
     return module
@@ -247,26 +273,52 @@ def _locked(folder: Path, key: str) -> Iterator[None]:
 
 
 def _generate(folder: Path, key: str, backend: str, render: Callable[[], Mapping[str, str]],
-              expected: _Expected) -> str:
+              expected: _Expected, what: str) -> str:
     """Under the lock of ``key``: the text of its ``backend`` module, as another process
-    wrote it while this one waited, or rendered and written here."""
+    wrote it while this one waited, or rendered and written here (saying so,
+    :func:`_announced`)."""
     path = folder / backend / f"layer_{key}{backend_named(backend).suffix}"
     with _locked(folder, key):
         text = _current(path, expected)
         if text is not None:
             return text
-        files = _checked(render(), backend, expected)
-        _prepare(folder, list(files))
-        for name, content in files.items():
-            target = folder / name / f"layer_{key}{backend_named(name).suffix}"
-            _remove_temporaries(target)
-            try:
-                if target.is_symlink() or not target.is_file() or \
-                        target.read_bytes() != content.encode("utf-8"):
-                    _write_atomically(target, content)
-            except OSError as error:
-                raise CacheError(_cannot(f"write {target}", error)) from None
-        return files[backend]
+        with _announced(what, folder):
+            return _write(folder, key, backend, render, expected)
+
+
+@contextlib.contextmanager
+def _announced(what: str, folder: Path) -> Iterator[None]:
+    """One line on stderr around a generation: ``what`` is generated and why, then how long
+    it took (or that it failed); nothing when :data:`QUIET` is set."""
+    if os.environ.get(QUIET, "") not in ("", "0"):
+        yield
+        return
+    print(f"curvgap: generating {what}: not in the module cache {folder} yet ...", end="",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        print(" failed", file=sys.stderr, flush=True)
+        raise
+    print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def _write(folder: Path, key: str, backend: str, render: Callable[[], Mapping[str, str]],
+           expected: _Expected) -> str:
+    """Render the files of ``key`` and write them; the text of its ``backend`` module."""
+    files = _checked(render(), backend, expected)
+    _prepare(folder, list(files))
+    for name, content in files.items():
+        target = folder / name / f"layer_{key}{backend_named(name).suffix}"
+        _remove_temporaries(target)
+        try:
+            if target.is_symlink() or not target.is_file() or \
+                    target.read_bytes() != content.encode("utf-8"):
+                _write_atomically(target, content)
+        except OSError as error:
+            raise CacheError(_cannot(f"write {target}", error)) from None
+    return files[backend]
 
 
 def _checked(files: Mapping[str, str], backend: str, expected: _Expected) -> dict[str, str]:

@@ -13,7 +13,11 @@ from typing import Any
 
 def curvature(module: Any, loss: str = "mse") -> Any:
     """The exact curvature of ``module`` under ``loss``
-    (:class:`~curvgap.adapters.Curvature`)."""
+    (:class:`~curvgap.adapters.Curvature`).
+
+    The first call that needs code the module cache does not hold generates it and says so in
+    one line on stderr (what, why, and how long it took); calls served by the cache say
+    nothing. Set ``CURVGAP_QUIET=1`` in the environment to silence the line."""
     from .adapters import curvature as make
 
     return make(module, loss)

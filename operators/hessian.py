@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._extras import require
+
 PARTS = ("full", "gauss_newton", "functional")
 
 
@@ -60,17 +62,18 @@ class CurvatureOperator:
 
     def to_scipy(self, dtype: Any = None) -> Any:
         """A ``scipy.sparse.linalg.LinearOperator`` multiplying in torch (numpy arrays in
-        and out), for scipy's solvers such as ``eigsh``."""
-        from scipy.sparse.linalg import LinearOperator
+        and out), for scipy's solvers such as ``eigsh``; :class:`ImportError` naming the
+        ``operators`` extra without scipy."""
+        linalg = require("scipy.sparse.linalg", "to_scipy()", "operators")
 
         def multiply(V: np.ndarray) -> np.ndarray:
             result = self @ torch.as_tensor(np.asarray(V), dtype=self._dtype,
                                             device=self._device)
             return result.detach().cpu().numpy()
 
-        return LinearOperator(self.shape, matvec=multiply, rmatvec=multiply, matmat=multiply,
-                              rmatmat=multiply,
-                              dtype=np.dtype(dtype) if dtype is not None else np.float64)
+        return linalg.LinearOperator(self.shape, matvec=multiply, rmatvec=multiply,
+                                     matmat=multiply, rmatmat=multiply,
+                                     dtype=np.dtype(dtype) if dtype is not None else np.float64)
 
 
 def check_part(part: str) -> str:

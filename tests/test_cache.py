@@ -409,3 +409,38 @@ def test_module_for_keeps_its_signature(cold):
     numpy_loss = numpy_module.loss({k: v.numpy() for k, v in params.items()}, X.numpy(),
                                    T.numpy())
     assert abs(float(numpy_loss) - float(torch_module.loss(params, X, T))) <= 1e-12
+
+
+def test_a_generation_says_so_in_one_line_and_a_cached_use_says_nothing(cold, capsys):
+    import re
+
+    import torch
+
+    import curvgap
+
+    layer = torch.nn.Linear(4, 3).double()
+    X, T = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 5, 3, dtype=torch.float64)
+    curvgap.curvature(layer).loss(X, T)
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"curvgap: generating the torch code of Linear's loss, gradient and "
+                        r"curvature products: not in the module cache "
+                        rf"{re.escape(str(cold / 'modules'))} yet \.\.\. done in \d+\.\d s\n",
+                        err), err
+    cache._LOADED.clear()  # read from the cache's folder, as a new process would
+    curvgap.curvature(torch.nn.Linear(4, 3).double()).loss(X, T)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_generation_line_can_be_silenced_and_says_when_it_failed(cold, capsys,
+                                                                      monkeypatch):
+    def render():
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError, match="no"):
+        cache.cached_module("cd" * 20, "torch", render, what="a test module")
+    assert capsys.readouterr().err == (f"curvgap: generating a test module: not in the module "
+                                       f"cache {cold / 'modules'} yet ... failed\n")
+    monkeypatch.setenv(cache.QUIET, "1")
+    assert cache.cached_module("cd" * 20, "torch", lambda: {"torch": _text("VALUE = 1\n")},
+                               what="a test module").VALUE == 1
+    assert capsys.readouterr().err == ""

@@ -289,7 +289,7 @@ COMMANDS = {"generate": ["generate", "--no-verify", "--config", str(CONFIGS / "f
 
 
 @pytest.fixture
-def nothing_run(monkeypatch, request):
+def nothing_run(monkeypatch, request, capsys):
     """Fail the test if a benchmark or the analyses start, or anything is derived."""
     import importlib
 
@@ -299,6 +299,7 @@ def nothing_run(monkeypatch, request):
                          ("benchmarks.distributed", "run_distributed"),
                          ("analysis.reproduce", "run")):  # importing some derives a module
         monkeypatch.setattr(importlib.import_module(f"curvgap.{module}"), name, run)
+    capsys.readouterr()  # the line saying so, on a first use of the cache: not the command's
     request.getfixturevalue("nothing_derived")
 
 

@@ -49,7 +49,8 @@ CONFIG_FILES = {
     "a Latin-1 file": (lambda tmp: _file(tmp, 'name = "caf\xe9"\n'.encode("latin-1")),
                        "got byte 0xe9 at position 11"),
     "an endless file": (lambda tmp: "/dev/zero", "expected a config of at most 1048576 bytes"),
-    "a missing file": (lambda tmp: tmp / "nope.toml", "--config: no such file"),
+    "a missing file": (lambda tmp: tmp / "nope.toml",
+                       "--config: expected a TOML file, got '{tmp}/nope.toml', which does not exist"),
     "not TOML": (lambda tmp: _file(tmp, b"name = \n"), "not valid TOML"),
 }
 
@@ -64,7 +65,8 @@ def _file(folder, data: bytes):
 def test_bad_config_files(case, tmp_path, out, capsys):
     make, message = CONFIG_FILES[case]
     before = snapshot(out)
-    _refused(capsys, ["--config", str(make(tmp_path)), "--out", str(out)], message)
+    _refused(capsys, ["--config", str(make(tmp_path)), "--out", str(out)],
+             message.format(tmp=tmp_path))
     assert snapshot(out) == before
 
 
@@ -146,16 +148,20 @@ def _replace(path, kind: str) -> None:
         path.symlink_to(path.parent / "elsewhere.tex")
 
 
-@pytest.mark.parametrize("command, package, extra", [("bench", "matplotlib", "bench"),
-                                                     ("reproduce", "scipy", "analysis")])
+@pytest.mark.parametrize("command, package, extra", [
+    ("bench", "matplotlib", "bench"), ("reproduce", "scipy", "analysis"),
+    ("bench --models", "transformers", "transformers"),
+    ("bench --distributed", "scikit-learn", "analysis")])
 def test_a_missing_extra_says_what_to_install(command, package, extra, monkeypatch, capsys):
+    """Before any work (the --out given is not a folder: it is never reached)."""
     real = importlib.util.find_spec
+    module = "sklearn" if package == "scikit-learn" else package
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == package else real(name, *a))
-    assert cli.main([command, "--quick", "--out", os.devnull]) == 2
+                        lambda name, *a: None if name == module else real(name, *a))
+    assert cli.main([*command.split(), "--quick", "--out", os.devnull]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"curvgap: error: curvgap {command} needs {package}; install it with "
-                   f'pip install -e ".[{extra}]" (or pip install \'curvgap[{extra}]\')')
+    assert err == (f'curvgap: error: curvgap {command} needs {package}: pip install '
+                   f'"curvgap[{extra}]"')
 
 
 # -- the generated modules -----------------------------------------------------------------
@@ -259,3 +265,28 @@ def test_latex_refuses_a_file_as_its_folder(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"curvgap: error: --out: expected a folder, got {str(afile)!r}, which is a file")
     assert afile.read_text() == "mine"
+
+
+SHIPPED_NAMES = ", ".join(sorted(SHIPPED))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no_such_config", f"NAME: expected a shipped config name ({SHIPPED_NAMES}) or a .toml "
+                       "file, got 'no_such_config'"),
+    ("{tmp}/gone.toml", "NAME: expected a shipped config name or a .toml file, got "
+                        "'{tmp}/gone.toml', which does not exist"),
+    ("{tmp}", "NAME: expected a shipped config name or a .toml file, got the folder '{tmp}'"),
+])
+def test_latex_name_that_is_no_config(name, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["latex", name.format(tmp=tmp_path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"curvgap: error: {message.format(tmp=tmp_path)}"
+    assert not out.exists()
+
+
+def test_bench_config_names_a_shipped_config(capsys, tmp_path):
+    assert cli.main(["bench", "--quick", "--config", "nope", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"curvgap: error: --config: expected a shipped config name ({SHIPPED_NAMES}), got "
+        "'nope'")
+    assert not list(tmp_path.iterdir())

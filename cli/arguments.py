@@ -1,0 +1,100 @@
+"""The path arguments of every command, checked before any work and before the heavy imports:
+a config file that cannot be read, or an output folder that cannot be made or written, is a
+:class:`~curvgap.derivations.config.ConfigError` or :class:`~curvgap.codegen.output.OutputError`
+whose one line names the argument, what was expected and what was given."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..codegen import output
+from ..codegen.resources import CONFIGS, shipped_configs
+from ..derivations.config import ConfigError, load
+
+
+def check(args: argparse.Namespace) -> None:
+    """Check the path arguments of ``args.command``; ``bench`` and ``reproduce`` get their
+    ``--out`` as a :class:`Path`."""
+    if args.command == "generate":
+        if args.out is not None:
+            folder = _folder(args.out, "; leave --out out to write the package's generated/")
+            if not args.check:
+                output.check_switchable(folder)
+        for given in args.config or ():
+            _check_file(given, "--config", "a TOML file")
+        for given in args.config or ():  # (validating a config may import SymPy)
+            load(given)
+    elif args.command == "latex":
+        path = latex_path(args.name)
+        folder = _folder(args.out)
+        config = load(path)
+        # pdflatex writes its files beside the document, through links: none may be one
+        written = (".tex", ".pdf", ".aux", ".log", ".toc", ".out") if args.pdf else (".tex",)
+        output.check_files(folder, [config.name + suffix for suffix in written])
+    else:
+        if args.command == "bench" and args.config not in _shipped():
+            raise ConfigError(f"--config: expected a shipped config name "
+                              f"({', '.join(_shipped())}), got {args.config!r}")
+        args.out = _results_folder(args)
+
+
+def latex_path(name: str) -> Path:
+    """The config file ``curvgap latex NAME`` typesets: the shipped config of that name, else
+    the file ``NAME``."""
+    if name in _shipped():
+        return CONFIGS / f"{name}.toml"
+    if not name.endswith(".toml") and not Path(name).exists():
+        raise ConfigError(f"NAME: expected a shipped config name ({', '.join(_shipped())}) "
+                          f"or a .toml file, got {name!r}")
+    _check_file(name, "NAME", "a shipped config name or a .toml file")
+    return Path(name)
+
+
+def _shipped() -> list[str]:
+    return [path.stem for path in shipped_configs()]
+
+
+def _check_file(given: str, option: str, expected: str) -> None:
+    """:class:`ConfigError` unless ``given`` names a file (what it holds is read apart)."""
+    path = Path(given)
+    if given.strip() == "":
+        raise ConfigError(f"{option}: expected {expected}, got an empty string (an unset "
+                          "variable?)")
+    if path.is_dir():
+        raise ConfigError(f"{option}: expected {expected}, got the folder {given!r}")
+    if not path.exists():
+        raise ConfigError(f"{option}: expected {expected}, got {given!r}, which does not "
+                          "exist")
+
+
+def _folder(given: str, hint: str = "") -> Path:
+    """``--out``, checked (:func:`output.check_folder`)."""
+    if given.strip() == "":
+        raise output.OutputError(f"--out: expected a folder path, got an empty string (an "
+                                 f"unset variable?){hint}")
+    folder = Path(given)
+    output.check_folder(folder)
+    return folder
+
+
+def _results_folder(args: argparse.Namespace) -> Path:
+    """The ``--out`` of ``bench`` or ``reproduce``: a folder or a path where one can be made,
+    none of the files the run writes there a symbolic link or a folder."""
+    folder = _folder(args.out)
+    if args.command == "reproduce":
+        from ..analysis.reproduce import FIGURES  # (its import builds a model)
+
+        names = ["report.md", "report.json", *FIGURES.values()]
+    elif args.distributed:
+        names = ["distributed.json"]
+    elif args.models:
+        names = ["models.json"]
+    elif args.accuracy:
+        names = ["accuracy.json"]
+    elif args.scale:
+        names = ["scale.json"]
+    else:
+        names = ["bench.json", "bench.png"]
+    output.check_files(folder, names)
+    return folder
