@@ -8,6 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import sympy as sp
 import torch
 from conftest import SHIPPED, as_numpy, generated_module, to_backend
 
@@ -134,6 +135,21 @@ def test_latex_api():
     assert text.startswith(r"\documentclass") and r"\end{document}" in text
     assert "Formulas in the paper's matrix form:" in text
     assert text == (GENERATED / "latex" / "layernorm.tex").read_text().split("\n", 3)[3]
+
+
+def test_an_elementwise_factor_that_is_negative_or_a_sum_is_parenthesised():
+    """``A_ij · (−1/(2 v_i^{3/2}))`` must not print as ``A_ij − 1/(2 v_i^{3/2})`` (a new
+    term), nor ``A_ij · (1 + v_i)`` as ``A_ij 1 + v_i``."""
+    from curvgap.derivations.functions import ScalarFn
+    from curvgap.derivations.functions import x as variable
+    from curvgap.derivations.indexform import Apply, Expr, Index, Ref, Term
+
+    i, j = Index("i", sizes.L), Index("j", sizes.d)
+    for fn, inner in ((ScalarFn("g", -1 / (2 * variable ** sp.Rational(3, 2))), r"- \frac"),
+                      (ScalarFn("h", 1 + variable), "v_{i} + 1")):
+        term = Term(sp.Integer(1), (Ref("A", (i, j)), Apply(fn, "v", (i,))))
+        text = latex(Expr([term], (i, j)))
+        assert rf"A_{{ij}} \left({inner}" in text, text
 
 
 def _compile(tex_dir, name) -> str:

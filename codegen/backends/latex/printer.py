@@ -157,7 +157,11 @@ class LatexPrinter(SympyLatexPrinter):
             return rf"{name}\left({argument}\right)"
         symbol = sp.Symbol("ARG")
         body = fn.expr.subs(fn_variable, symbol)
-        return SympyLatexPrinter({"symbol_names": {symbol: argument}}).doprint(body)
+        text = SympyLatexPrinter({"symbol_names": {symbol: argument}}).doprint(body)
+        # a factor of a product: a sum or a leading minus sign would read as a new term
+        if body.is_Add or body.could_extract_minus_sign():
+            return rf"\left({text}\right)"
+        return text
 
     def _print_Delta(self, factor: Delta) -> str:
         return rf"\delta_{{{self._indices(factor.indices)}}}"
