@@ -13,6 +13,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,13 +55,19 @@ def _latex(name: str, out: str, pdf: bool) -> int:
         print("curvgap: error: --pdf needs pdflatex (Debian: apt-get install "
               "texlive-latex-base texlive-latex-recommended)", file=sys.stderr)
         return 2
-    for _ in range(2):  # the second run fills in the table of contents
-        run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                              tex.name], cwd=out, capture_output=True, text=True)
-        if run.returncode:
-            print(run.stdout[-3000:], file=sys.stderr)
-            print(f"curvgap: error: pdflatex failed on {tex}", file=sys.stderr)
-            return 1
+    # pdflatex works in a folder of its own (its .aux, .log, .toc stay there); only the PDF
+    # comes out, whole or not at all
+    with tempfile.TemporaryDirectory(prefix="curvgap-latex-") as work:
+        shutil.copyfile(tex, Path(work) / tex.name)
+        for _ in range(2):  # the second run fills in the table of contents
+            run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                                  tex.name], cwd=work, capture_output=True, text=True)
+            if run.returncode:
+                print(run.stdout[-3000:], file=sys.stderr)
+                print(f"curvgap: error: pdflatex failed on {tex}", file=sys.stderr)
+                return 1
+        with output.replacing(tex.with_suffix(".pdf")) as temporary:
+            shutil.copyfile(Path(work) / tex.with_suffix(".pdf").name, temporary)
     print(f"wrote {tex.with_suffix('.pdf')}")
     return 0
 

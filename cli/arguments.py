@@ -29,8 +29,7 @@ def check(args: argparse.Namespace) -> None:
         path = latex_path(args.name)
         folder = _folder(args.out)
         config = load(path)
-        # pdflatex writes its files beside the document, through links: none may be one
-        written = (".tex", ".pdf", ".aux", ".log", ".toc", ".out") if args.pdf else (".tex",)
+        written = (".tex", ".pdf") if args.pdf else (".tex",)
         output.check_files(folder, [config.name + suffix for suffix in written])
     else:
         if args.command == "bench" and args.config not in _shipped():

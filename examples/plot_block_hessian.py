@@ -110,7 +110,7 @@ for name, e in eigenvalues.items():
 # ``generated/latex/paper_block.tex`` states every formula the module evaluates, node by
 # node, first in index form (exact, entry by entry) and, where the structure is recognised,
 # in the paper's matrix form. Here is the derivative of self-attention along ``W_Q``;
-# ``curvgap latex paper_block --out folder --pdf`` typesets the whole document (79 pages),
+# ``curvgap latex paper_block --out folder --pdf`` typesets the whole document (some 80 pages),
 # and ``curvgap generate --config`` writes the document of a variant of your own.
 
 document = (GENERATED / "latex" / "paper_block.tex").read_text()

@@ -7,6 +7,7 @@ the code that wrote that file, so a page that includes it cannot drift from its 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,21 @@ def _models() -> str:
     from curvgap.benchmarks.models import markdown
 
     return markdown(json.loads((DOCS / "models.json").read_text()))
+
+
+def _latex() -> str:
+    """How many formulas of each shipped document are in matrix form, as the document
+    itself states it."""
+    from curvgap.codegen.resources import GENERATED
+
+    rows = ["| config | formulas in matrix form |", "| --- | ---: |"]
+    for path in sorted((GENERATED / "latex").glob("*.tex")):
+        found = re.search(r"matrix form: (\d+) of (\d+);", path.read_text())
+        if found is None:
+            raise ValueError(f"{path} does not state its matrix-form count")
+        shown, total = map(int, found.groups())
+        rows.append(f"| `{path.stem}` | {shown} of {total} ({100 * shown / total:.0f} %) |")
+    return "\n".join(rows)
 
 
 def _cli() -> str:
@@ -46,6 +62,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "accuracy": _accuracy,
     "models": _models,
     "cli": _cli,
+    "latex": _latex,
 }
 
 
