@@ -166,9 +166,10 @@ def theorem1(params: dict, X: torch.Tensor, target: torch.Tensor,
     """Theorem 1 (both versions) for one sample: ``M`` against ``‖H_i‖₂``, as printed
     (``3 max`` of its four arguments, the blocks of :data:`PRINTED_ARGUMENTS`) and our
     repair (``3 max`` over all six blocks, ``(K,K)``, ``(V,K)`` by ``W_Q ↔ W_K``, which the
-    proof's step 6 assembles over); with ``per_block``, also every block and part, and
-    ``‖H_i‖₂`` dense; without, ``‖H_i‖₂`` by :func:`.spectra.hessian_norm` (Lanczos on the
-    generated ``hvp`` above its dense limit)."""
+    proof's step 6 assembles over); with ``per_block``, also every block and part, App. B.6's
+    ``‖G_k‖`` bounds (the Gauss–Newton ``(Q,Q)`` bound is ``(2/(L d))`` times the square of
+    ``‖G_Q‖``'s), and ``‖H_i‖₂`` dense; without, ``‖H_i‖₂`` by
+    :func:`.spectra.hessian_norm` (Lanczos on the generated ``hvp`` above its dense limit)."""
     L, d = X.shape
     d_k = params["W_Q"].shape[1]
     norms = {"X": spectral_norm(X), "Q": spectral_norm(params["W_Q"]),
@@ -193,7 +194,8 @@ def theorem1(params: dict, X: torch.Tensor, target: torch.Tensor,
         factors = kronecker_block(self_attention, params, X, target, "W_V", part=part)
         true[part]["V", "V"] = float(factors.eigvalsh().abs().max())
     full = symmetric_spectral_norm(H["full"])
-    checks = []
+    # the Gauss–Newton bounds are (2/(L d)) times products of G_k bounds: those checked too
+    checks = g_checks(params, X, attention_factor_bounds(norms, L, d, d_k)[0])
     for label, blocks in versions.items():
         for (a, b), (outer, functional) in blocks.items():
             name = f"H({a},{b})"
@@ -294,6 +296,14 @@ def attention_factor_bounds(norms: dict[str, float], L: int, d: int, d_k: int
            ("Q", "K"): qk, ("K", "Q"): qk, ("V", "Q"): mixed * nk, ("Q", "V"): mixed * nk,
            ("V", "K"): mixed * nq, ("K", "V"): mixed * nq}
     return G, Phi
+
+
+def g_checks(attention: dict, X: torch.Tensor, G: dict[str, float]) -> list[Check]:
+    """App. B.6's ``‖G_k‖`` bounds ``G`` against the true ``‖∂F/∂W_k‖`` (``G_k`` is the
+    self-attention Jacobian, ``(L·d) × n_k``)."""
+    return [Check("App. B.6 Gk_bounds", f"‖G_{k}‖", G[k],
+                  spectral_norm(self_attention.jacobian(attention, X, WEIGHTS[k])))
+            for k in ATTENTION]
 
 
 def theorem6_bounds(params: dict, X: torch.Tensor, target: torch.Tensor,
@@ -435,9 +445,7 @@ def ingredients(params: dict, X: torch.Tensor) -> list[Check]:
                                        for k in ("Q", "K", "V", "1", "2")}}
     checks = attention_steps(attention, X)
     G, Phi = attention_factor_bounds(norms, L, d, d_k)
-    for k in ATTENTION:
-        true = spectral_norm(self_attention.jacobian(attention, X, WEIGHTS[k]))
-        checks.append(Check("App. B.6 Gk_bounds", f"‖G_{k}‖", G[k], true))
+    checks += g_checks(attention, X, G)
     for (k, m), value in Phi.items():
         true = spectral_norm(self_attention.output_hessian(attention, X, WEIGHTS[k],
                                                            WEIGHTS[m]))

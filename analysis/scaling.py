@@ -182,7 +182,7 @@ def plot_scaling(sweeps: dict[str, Sweep], fit_below: dict[str, float],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(6 * len(sweeps), 4.8))
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.4 * len(sweeps), 7.2))
     for ax, (name, data) in zip(np.atleast_1d(axes), sweeps.items()):
         low = data.sigmas <= fit_below[name]
         ax.axvspan(data.sigmas.min(), fit_below[name], color="0.92")
@@ -197,8 +197,9 @@ def plot_scaling(sweeps: dict[str, Sweep], fit_below: dict[str, float],
         ax.set_yscale("log")
         ax.set_xlabel("input scale σ  (X → σX)")
         ax.set_ylabel("‖block‖_F")
-        ax.set_title(f"{name} (shaded: fit range)")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{name} (shaded: fit range)", fontsize=12)
+        ax.legend(fontsize=9.5, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1,
+                  frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=115)
     plt.close(fig)

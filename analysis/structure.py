@@ -145,21 +145,24 @@ def plot_block_norms(states: dict[str, Structure], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     kinds = ("spectral", "frobenius")
-    fig, axes = plt.subplots(2, len(states), figsize=(5.2 * len(states), 9), squeeze=False)
+    fig, axes = plt.subplots(2, len(states), figsize=(5.6 * len(states), 10), squeeze=False)
     for col, (title, state) in enumerate(states.items()):
         names = list(state.slices)
         for row, kind in enumerate(kinds):
             values = np.array([[state.norms[a, b][kind] for b in names] for a in names])
+            logs = np.log10(values)
             ax = axes[row, col]
-            image = ax.imshow(np.log10(values), cmap="magma")
+            image = ax.imshow(logs, cmap="magma")
+            # dark text on the bright end of the colour map, white on the dark end
+            middle = (logs.min() + logs.max()) / 2
             for a in range(len(names)):
                 for b in range(len(names)):
                     ax.text(b, a, f"{values[a, b]:.2g}", ha="center", va="center",
-                            color="cyan", fontsize=8)
+                            color="black" if logs[a, b] > middle else "white", fontsize=8.5)
             ax.set_xticks(range(len(names)), [LABELS[n] for n in names])
             ax.set_yticks(range(len(names)), [LABELS[n] for n in names])
-            ax.set_title(f"{title}: {kind} norm of each block (log10 colour)")
-            fig.colorbar(image, ax=ax, shrink=0.8)
+            ax.set_title(f"{title}\n{kind} norm of each block", fontsize=11)
+            fig.colorbar(image, ax=ax, shrink=0.8, label="log10 of the norm")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

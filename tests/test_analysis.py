@@ -95,6 +95,14 @@ def test_theorem_1_bound_holds_on_random_instances(attention_checks, label, quan
     assert not _violations(attention_checks, (label, quantity))
 
 
+@pytest.mark.parametrize("quantity", [pytest.param(f"‖G_{k}‖", marks=_xfail(STEP_1))
+                                      for k in "QK"] + ["‖G_V‖"])
+def test_g_bounds_on_self_attention_instances(attention_checks, quantity):
+    """App. B.6's ``‖G_k‖`` bounds on the self-attention instances, where Theorem 1's
+    Gauss–Newton ``(Q,Q)`` and ``(K,K)`` bounds (their squares) fail."""
+    assert not _violations(attention_checks, ("App. B.6 Gk_bounds", quantity))
+
+
 PAIRS = ([("1", "1"), ("2", "2"), ("1", "2"), ("2", "1")]
          + [(i, k) for k in "QKV" for i in "12"] + [(k, m) for k in "QKV" for m in "QKV"])
 THEOREM_6_BOUNDS = [(label, quantity)

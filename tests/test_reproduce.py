@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,35 @@ def test_quick_reproduce_writes_finite_results(tmp_path, capsys):
     assert whole["parts"]["head"][1] == convergence["parameters"] == 3322
     for errors in whole["block_diagonal"].values():  # relative errors of an approximation
         assert 0 < errors["frobenius"] <= 1 and 0 < errors["spectral"]
+
+
+#: Numbers docs/paper.md quotes from the committed full run (docs/reproduce/report.json):
+#: (search or sampling, theorem, quantity) and the text that quotes it.
+QUOTED = [
+    ("search", "Theorem 1 (main text)", "H(K,K) Gauss–Newton", "smallest bound/true {}, `(K,K)`"),
+    ("search", "Theorem 1 (appendix)", "H(K,K) Gauss–Newton", "the search: {});"),
+    ("search", "App. B.6 Gk_bounds", "‖G_Q‖", "the search: {} and"),
+    ("search", "Theorem 1 (appendix)", "M ≥ ‖H‖", "both versions ({}):"),
+    ("search", "Theorem 6", "H_tr(Q,K)", "`(K,Q)` ({},"),
+    ("search", "Theorem 6", "H_tr(2,1)", "bound/true {}: the printed"),
+    ("sampled", "Theorem 6", "H_tr(2,1)", "smallest bound/true {}, `H_tr(2,1)`"),
+]
+
+
+@pytest.mark.parametrize("source, theorem, quantity, text", QUOTED)
+def test_the_paper_page_quotes_the_committed_run(source, theorem, quantity, text):
+    """docs/paper.md's findings are the numbers of docs/reproduce/report.json, not copies
+    that drift from it."""
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "docs" / "reproduce" / "report.json").read_text())["bounds"]
+    if source == "search":
+        (row,) = [r for r in results["search"]
+                  if (r["theorem"], r["quantity"]) == (theorem, quantity)]
+        value = row["ratio"]
+    else:
+        (row,) = [r for r in results["summaries"]
+                  if (r["theorem"], r["quantity"]) == (theorem, quantity)]
+        value = row["min_ratio"]
+    quoted = f"{value:#.2g}" if value < 1 else f"{value:#.3g}"  # 0.60, 0.0080, 2.62
+    page = (root / "docs" / "paper.md").read_text()
+    assert text.format(quoted) in page, (text.format(quoted), value)

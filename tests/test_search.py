@@ -104,6 +104,8 @@ SEARCHED = [
     (False, 20036, A, A_SCALES, "Theorem 1 (appendix)", "H(K,K) Gauss–Newton", STEP_1),
     (False, 20036, A, A_SCALES, "Theorem 1 (appendix)", "H(Q,Q) Gauss–Newton", STEP_1),
     (False, 20036, A, A_SCALES, "Theorem 1 (appendix)", "H(Q,K) Gauss–Newton", STEP_1),
+    (False, 20036, A, A_SCALES, "App. B.6 Gk_bounds", "‖G_Q‖", STEP_1),
+    (False, 20036, A, A_SCALES, "App. B.6 Gk_bounds", "‖G_K‖", STEP_1),
     (True, 20003, B, B_SCALES, "Theorem 6", "H_tr(2,1)", XI),
     (True, 20003, B, B_SCALES, "Theorem 6", "H(2,1)", XI),
     (True, 20003, B, B_SCALES, "Theorem 6 (σ_min = row std)", "H_tr(2,1)", XI),
@@ -127,6 +129,18 @@ def test_searched_instance(block, seed, dims, scales, label, quantity):
     spec = search.Spec(block, seed, dims, {k: scales.get(k, 0.0) for k in search.names(block)})
     check = next(c for c in search.checks(spec) if (c.theorem, c.quantity) == (label, quantity))
     assert check.ratio >= 1 - search.EQUALITY, (check.bound, check.true)
+
+
+def test_the_gauss_newton_q_q_bound_is_the_square_of_the_g_q_bound():
+    """App. B.1's Gauss–Newton ``(Q,Q)`` bound is ``(2/(L d)) (‖G_Q‖ bound)²``, and for one
+    sample's MSE the true block is ``(2/(L d)) J_Qᵀ J_Q``: the two are violated together."""
+    spec = search.Spec(False, 20036, A, {k: A_SCALES.get(k, 0.0) for k in search.names(False)})
+    found = {(c.theorem, c.quantity): c for c in search.checks(spec)}
+    gauss_newton, g_q = found["Theorem 1 (appendix)", "H(Q,Q) Gauss–Newton"], \
+        found["App. B.6 Gk_bounds", "‖G_Q‖"]
+    scale = 2 / (A["L"] * A["d"])
+    assert abs(gauss_newton.bound - scale * g_q.bound ** 2) <= 1e-12 * gauss_newton.bound
+    assert abs(gauss_newton.true - scale * g_q.true ** 2) <= 1e-10 * gauss_newton.true
 
 
 def test_our_six_block_m_holds_where_the_printed_m_fails():
