@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 import curvgap
+from curvgap.analysis.spectra import block_norms, block_slices
 from curvgap.codegen.generate import generate
 from curvgap.generated.torch import paper_block
 
@@ -151,21 +152,13 @@ paper_params = {name: torch.randn(*(paper_sizes[a] for a in dims), dtype=torch.f
                 for name, dims in paper_block.PARAMS}
 H_paper = paper_block.loss_hessian(paper_params, X, T)
 
-
-def block_norms(module, weights: dict[str, torch.Tensor], matrix: torch.Tensor):
-    names = [name for name, _ in module.PARAMS]
-    edges = np.cumsum([0] + [weights[name].numel() for name in names])
-    norms = np.array([[float(torch.linalg.matrix_norm(
-        matrix[edges[a]:edges[a + 1], edges[b]:edges[b + 1]], ord=2))
-        for b in range(len(names))] for a in range(len(names))])
-    return names, norms
-
-
 fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
 panels = (("paper_block (post-LN)", paper_block, paper_params, H_paper),
           ("pre_ln_block (config above)", pre_ln_block, params, H))
 for ax, (title, module, weights, matrix) in zip(axes, panels):
-    names, norms = block_norms(module, weights, matrix)
+    names = [name for name, _ in module.PARAMS]
+    found = block_norms(matrix, block_slices(module, weights))
+    norms = np.array([[found[a, b]["spectral"] for b in names] for a in names])
     logs = np.log10(norms + 1e-300)
     image = ax.imshow(logs, cmap="magma", vmin=-1, vmax=1.5)
     for a in range(len(names)):
