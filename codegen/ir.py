@@ -114,13 +114,17 @@ class RowMax:
 
 @dataclass(frozen=True)
 class Rotary:
-    """``result = (length × 2 × 2 × half)``: the rotary rotations
-    ``[[cos φ, -sin φ], [sin φ, cos φ]]``, ``φ = i · base^(-m/half)`` at position ``i``."""
+    """``result = (length × chunks × chunks × half)``: the rotary rotations
+    ``a [[cos φ, -sin φ], [sin φ, cos φ]]`` over the first two chunks, ``φ = i · ω_m`` at
+    position ``i`` (``ω_m = base^(-m/half)``, changed by ``scaling``), the identity over the
+    others."""
 
     result: str
     length: sp.Expr
+    chunks: sp.Expr
     half: sp.Expr
     base: float
+    scaling: tuple
 
 
 @dataclass(frozen=True)

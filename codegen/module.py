@@ -71,7 +71,8 @@ def summary(der: Derivation, group: str, writes: list[str]) -> str:
 def constant_dims(source: Config | Program) -> dict[str, int]:
     """The sizes the config fixes: heads ``h``, and with grouped-query attention the
     key/value heads ``g`` and the query heads ``r`` that share each; ``n_2 = 2`` for the
-    halves a rotary pair spans; ``n_1 = 1`` for the one row a pooling keeps. A program fixes
+    halves a rotary pair spans (partial rotary: ``n_r = 2 / rotary_fraction`` chunks of a
+    head, the first two turn); ``n_1 = 1`` for the one row a pooling keeps. A program fixes
     every size but those of ``X`` (and ``1``, the size of a dimension of one)."""
     if isinstance(source, Program):
         return {**source.constant_dims(), "1": 1}
@@ -79,8 +80,10 @@ def constant_dims(source: Config | Program) -> dict[str, int]:
     dims = {"h": config.heads} if config.heads > 1 else {}
     if config.kv_heads:
         dims.update(g=config.kv_heads, r=config.heads // config.kv_heads)
-    if config.rotary:
+    if config.rotary and config.rotary_fraction == 1:
         dims["n_2"] = 2
+    elif config.rotary:
+        dims["n_r"] = round(2 / config.rotary_fraction)
     if config.pooling != "none" or config.class_token:
         dims["n_1"] = 1
     return dims

@@ -14,6 +14,7 @@ form (stable when attention saturates).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,8 +56,9 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     split into halves ``(n_2, d_r)``, ``d_r = d_k/2``, and the pair of entries ``m`` and
     ``d_r + m`` of row ``i`` is turned by the angle ``i · base^(-m/d_r)``
     (:meth:`Graph.rotary`)."""
-    heads, out_proj, bias = config.heads, config.out_proj, config.attention_bias
-    L, d, d_k, d_v = sizes.L, sizes.d, sizes.d_k, sizes.d_v
+    heads, out_proj, biased = config.heads, config.out_proj, config.attention_bias
+    L, d, d_k = sizes.L, sizes.d, sizes.d_k
+    d_v = d_k if config.value_width == "d_k" else sizes.d_v
     if heads > 1 and not out_proj:
         raise NotImplementedError("heads > 1 without out_proj")
     split = heads > 1
@@ -66,11 +68,12 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
         query_heads = (*kv_heads, g.index(sizes.r, "r"))
     else:
         kv_heads = query_heads = (g.index(sizes.h, "h"),) if split else ()
-    if config.rotary:  # a head's entries as (half, frequency)
-        columns = (g.index(sizes.n_2, "s"), g.index(sizes.d_r, "m"))
+    chunks = sizes.n_2 if config.rotary_fraction == 1 else sizes.n_r
+    if config.rotary:  # a head's entries as (chunk, frequency); the first two chunks turn
+        columns = (g.index(chunks, "s"), g.index(sizes.d_r, "m"))
     else:
         columns = (g.index(d_k, "a"),)
-    value_columns = (g.index(d_v if split else d, "e"),)
+    value_columns = (g.index(d_v if split or config.value_width == "d_k" else d, "e"),)
     heads_of = {"Q": query_heads, "K": kv_heads, "V": kv_heads}
     columns_of = {"Q": columns, "K": columns, "V": value_columns}
     weights, biases, params = {}, {}, []
@@ -78,21 +81,21 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
         shape = tuple(k.dim for k in (*heads_of[name], *columns_of[name]))
         weights[name] = g.input(f"W_{name}", (d, *shape), role="param", batched=False)
         params.append(weights[name])
-        if bias:
+        if name.lower() in biased:
             biases[name] = g.input(f"b_{name}", shape, role="param", batched=False)
             params.append(biases[name])
     projected = {}
     for name, rows in (("Q", i), ("K", j), ("V", j)):
         entry = (*heads_of[name], *columns_of[name])
         value = X[rows, c] * weights[name][(c, *entry)]
-        if bias:
+        if name in biases:
             value = value + biases[name][entry]
         projected[name] = g.node(name, (rows, *entry), value)
     Q, K, V = projected["Q"], projected["K"], projected["V"]
     if config.rotary:
-        R = g.rotary("R_rot", L, sizes.d_r, config.rotary_base)
+        R = g.rotary("R_rot", L, chunks, sizes.d_r, config.rotary_base, rotary_scaling(config))
         s_, m = columns
-        t = g.index(sizes.n_2, "t")
+        t = g.index(chunks, "t")
         Q = g.node("Q_rot", (i, *query_heads, s_, m),
                    R[i, s_, t, m] * Q[(i, *query_heads, t, m)])
         K = g.node("K_rot", (j, *kv_heads, s_, m), R[j, s_, t, m] * K[(j, *kv_heads, t, m)])
@@ -115,7 +118,7 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     params.append(W_O)
     out = g.index(d, "o")
     value = heads_out[(i, *query_heads, e)] * W_O[(*query_heads, e, out)]
-    if bias:
+    if "o" in biased:
         b_O = g.input("b_O", (d,), role="param", batched=False)
         params.append(b_O)
         value = value + b_O[out]
@@ -124,20 +127,32 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
 
 
 def _external_shapes(config: Config, params: list[Tensor]) -> dict[str, tuple[str, ...]]:
-    """The shapes users pass where the engine's differ: heads and rotary halves are split
+    """The shapes users pass where the engine's differ: heads and rotary chunks are split
     out of the widths ``h·d_k`` (``g·d_k`` for keys with grouped-query attention), ``d``
-    (``g·d_v``)."""
+    (``g·d_v``; ``h·d_k``, ``g·d_k`` with ``value_width = "d_k"``)."""
     if config.heads == 1 and not config.rotary:
         return {}
     key_heads = "g*" if config.kv_heads else "h*" if config.heads > 1 else ""
     query_width = "h*d_k" if config.heads > 1 else "d_k"
-    value_width = "g*d_v" if config.kv_heads else "d"
+    if config.value_width == "d_k":
+        value_width, out_width = f"{key_heads}d_k", query_width
+    else:
+        value_width, out_width = ("g*d_v" if config.kv_heads else "d"), "d"
     shapes = {"W_Q": ("d", query_width), "b_Q": (query_width,),
               "W_K": ("d", f"{key_heads}d_k"), "b_K": (f"{key_heads}d_k",)}
     if config.heads > 1:
-        shapes.update({"W_V": ("d", value_width), "b_V": (value_width,), "W_O": ("d", "d")})
+        shapes.update({"W_V": ("d", value_width), "b_V": (value_width,),
+                       "W_O": (out_width, "d")})
     names = {p.name for p in params}
     return {k: v for k, v in shapes.items() if k in names}
+
+
+def rotary_scaling(config: Config) -> tuple:
+    """The rotary table's scaling as the generated code takes it: ``(kind, factor, original
+    length, low frequency factor, high frequency factor, beta fast, beta slow, amplitude)``."""
+    return (config.rotary_scaling, config.rotary_factor, config.rotary_original_length,
+            config.rotary_low_freq_factor, config.rotary_high_freq_factor,
+            config.rotary_beta_fast, config.rotary_beta_slow, config.rotary_attention_factor)
 
 
 def _exactly(value: float) -> sp.Rational:
@@ -154,16 +169,30 @@ def describe(config: Config) -> str:
     if config.kv_heads:
         heads += (f", {config.kv_heads} key/value heads (query head q uses key/value head "
                   f"q // {config.heads // config.kv_heads})")
-    if config.attention_bias:
-        query, key, values, out = "(X W_Q + b_Q)", "(X W_K + b_K)", "(X W_V + b_V)", " W_O + b_O"
-    else:
-        query, key, values, out = "X W_Q", "X W_K", "X W_V", " W_O"
+    if config.value_width == "d_k":
+        heads += ", values of width d_k (W_O maps the heads back to d)"
+    bias = {p: f" + b_{p.upper()}" if p in config.attention_bias else "" for p in "qkvo"}
+    query, key = f"(X W_Q{bias['q']})", f"(X W_K{bias['k']})"
+    values, out = f"(X W_V{bias['v']})", f" W_O{bias['o']}"
     if config.rotary:
-        query, key = f"rot({query})", f"rot({key})"
+        query, key = f"rot{query}", f"rot{key}"
+        turned = ("" if config.rotary_fraction == 1 else
+                  f", only the first {config.rotary_fraction:g} of each head's entries turn")
+        factor, length = config.rotary_factor, config.rotary_original_length
+        scaled = {"none": "", "linear": f", angles / {factor:g} (linear scaling)",
+                  "dynamic": f", dynamic NTK scaling (factor {factor:g}, trained length "
+                             f"{length})",
+                  "llama3": f", Llama 3 scaling (factor {factor:g}, trained length {length})",
+                  "yarn": f", YaRN scaling (factor {factor:g}, trained length {length})"
+                  }[config.rotary_scaling]
         heads += (f", rotary embeddings rot (rotate-half pairs, angle i * "
-                  f"{config.rotary_base:g}^(-2m/d_k))")
-    scores = (f"{query} {key}^T" if config.attention_bias or config.rotary
-              else "X W_Q W_K^T X^T")
+                  f"{config.rotary_base:g}^(-2m/d_rot){turned}{scaled})")
+    if config.attention_bias.strip("o") or config.rotary:
+        scores = f"{query} {key}^T"
+    else:
+        scores = "X W_Q W_K^T X^T"
+    if not bias["v"]:
+        values = "X W_V"
     scale = (f"{config.attention_scale!r} {scores}" if config.attention_scale
              else f"{scores} / sqrt(d_k)")
     if config.logit_softcap:
@@ -173,15 +202,54 @@ def describe(config: Config) -> str:
             + (out if config.out_proj else "") + f", {heads}")
 
 
-def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embeddings of ``x`` (``heads × L × d_k``), rotate-half convention: entries
-    ``m`` and ``d_k/2 + m`` of row ``i`` turned by ``i · base^(-2m/d_k)``."""
+def _frequencies(config: Config, half: int, length: int, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, float]:
+    """The angular frequencies of a head's ``half`` rotary pairs and the amplitude of their
+    cos and sin, as Hugging Face's rope initialisers define them (``dim = 2·half``)."""
+    dim, factor, base = 2 * half, config.rotary_factor, config.rotary_base
+    original = config.rotary_original_length
+    if config.rotary_scaling == "dynamic":
+        seen = max(length, original)
+        base = base * ((factor * seen / original) - (factor - 1)) ** (dim / (dim - 2))
+    inverse = 1.0 / base ** (torch.arange(0, dim, 2, dtype=dtype) / dim)
+    amplitude = 1.0
+    if config.rotary_scaling == "linear":
+        inverse = inverse / factor
+    elif config.rotary_scaling == "llama3":
+        low, high = config.rotary_low_freq_factor, config.rotary_high_freq_factor
+        wavelength = 2 * math.pi / inverse
+        smooth = (original / wavelength - low) / (high - low)
+        medium = (wavelength >= original / high) & (wavelength <= original / low)
+        inverse = torch.where(wavelength > original / low, inverse / factor,
+                              torch.where(medium, (1 - smooth) * inverse / factor
+                                          + smooth * inverse, inverse))
+    elif config.rotary_scaling == "yarn":
+        def dimension(rotations: float) -> float:
+            return (dim * math.log(original / (rotations * 2 * math.pi))
+                    / (2 * math.log(base)))
+        low = max(math.floor(dimension(config.rotary_beta_fast)), 0)
+        high = min(math.ceil(dimension(config.rotary_beta_slow)), dim - 1)
+        ramp = ((torch.arange(half, dtype=dtype) - low) / (high - low + 0.001 * (low == high))
+                ).clamp(0, 1)
+        inverse = inverse / factor * ramp + inverse * (1 - ramp)
+        amplitude = config.rotary_attention_factor or (
+            0.1 * math.log(factor) + 1 if factor > 1 else 1.0)
+    return inverse, amplitude
+
+
+def _rotate(x: torch.Tensor, config: Config) -> torch.Tensor:
+    """Rotary embeddings of ``x`` (``heads × L × d_k``), rotate-half convention on the first
+    ``rotary_fraction · d_k`` entries: entries ``m`` and ``d_rot/2 + m`` of row ``i`` turned by
+    ``i · ω_m`` and scaled by the amplitude, the rest left as they are."""
     L, d_k = x.shape[-2:]
-    frequencies = 1.0 / base ** (torch.arange(0, d_k, 2, dtype=x.dtype) / d_k)
-    angles = torch.arange(L, dtype=x.dtype)[:, None] * frequencies
+    turned = round(d_k * config.rotary_fraction)
+    inverse, amplitude = _frequencies(config, turned // 2, L, x.dtype)
+    angles = torch.arange(L, dtype=x.dtype)[:, None] * inverse
     angles = torch.cat([angles, angles], dim=-1)
-    halves = torch.cat([-x[..., d_k // 2:], x[..., :d_k // 2]], dim=-1)
-    return x * angles.cos() + halves * angles.sin()
+    y, rest = x[..., :turned], x[..., turned:]
+    halves = torch.cat([-y[..., turned // 2:], y[..., :turned // 2]], dim=-1)
+    y = amplitude * (y * angles.cos() + halves * angles.sin())
+    return torch.cat([y, rest], dim=-1)
 
 
 def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
@@ -192,9 +260,10 @@ def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     d_k = params["W_Q"].shape[1] // h
     Q = (X @ params["W_Q"] + params.get("b_Q", 0.0)).reshape(L, h, d_k).transpose(0, 1)
     K = (X @ params["W_K"] + params.get("b_K", 0.0)).reshape(L, kv, d_k).transpose(0, 1)
-    V = (X @ params["W_V"] + params.get("b_V", 0.0)).reshape(L, kv, d // h).transpose(0, 1)
+    d_v = d_k if config.value_width == "d_k" else d // h
+    V = (X @ params["W_V"] + params.get("b_V", 0.0)).reshape(L, kv, d_v).transpose(0, 1)
     if config.rotary:
-        Q, K = _rotate(Q, config.rotary_base), _rotate(K, config.rotary_base)
+        Q, K = _rotate(Q, config), _rotate(K, config)
     K, V = K.repeat_interleave(h // kv, 0), V.repeat_interleave(h // kv, 0)
     scores = Q @ K.transpose(1, 2)
     scores = scores * config.attention_scale if config.attention_scale else scores / d_k ** 0.5
@@ -203,5 +272,5 @@ def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     if config.causal:
         scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     heads = torch.softmax(scores, dim=-1) @ V                   # h × L × d_v
-    out = heads.transpose(0, 1).reshape(L, d)
+    out = heads.transpose(0, 1).reshape(L, h * d_v)
     return out @ params["W_O"] + params.get("b_O", 0.0) if config.out_proj else out

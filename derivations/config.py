@@ -21,6 +21,17 @@ CHOICES = {
                    "sigmoid", "softplus", "identity"),
     "loss": ("mse", "cross_entropy", "linear"),
     "pooling": ("none", "mean", "first"),
+    "value_width": ("d/h", "d_k"),
+    "rotary_scaling": ("none", "linear", "dynamic", "llama3", "yarn"),
+}
+#: The projections ``attention_bias`` may name, in the order they are written.
+BIASED_PROJECTIONS = "qkvo"
+#: The options of each rotary scaling (HF's ``rope_scaling`` keys), beside ``rotary_factor``.
+ROTARY_SCALING_OPTIONS = {
+    "none": (), "linear": (), "dynamic": ("rotary_original_length",),
+    "llama3": ("rotary_original_length", "rotary_low_freq_factor", "rotary_high_freq_factor"),
+    "yarn": ("rotary_original_length", "rotary_beta_fast", "rotary_beta_slow",
+             "rotary_attention_factor"),
 }
 
 #: Options that mean something for each kind; the others must keep their defaults.
@@ -37,6 +48,16 @@ APPLIES_TO = {
     "kv_heads": ("block", "self_attention"),
     "rotary": ("block", "self_attention"),
     "rotary_base": ("block", "self_attention"),
+    "rotary_fraction": ("block", "self_attention"),
+    "rotary_scaling": ("block", "self_attention"),
+    "rotary_factor": ("block", "self_attention"),
+    "rotary_original_length": ("block", "self_attention"),
+    "rotary_low_freq_factor": ("block", "self_attention"),
+    "rotary_high_freq_factor": ("block", "self_attention"),
+    "rotary_beta_fast": ("block", "self_attention"),
+    "rotary_beta_slow": ("block", "self_attention"),
+    "rotary_attention_factor": ("block", "self_attention"),
+    "value_width": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm"),
     "norm_offset": ("block", "layernorm"),
     "shared_norm": ("block",),
@@ -76,11 +97,21 @@ class Config:
     heads: int = 1
     causal: bool = False
     out_proj: bool = False
-    attention_bias: bool = False
+    attention_bias: str = ""  # the biased projections, letters of "qkvo" (true: all of them)
     attention_scale: float = 0.0  # 0: 1/sqrt(d_k)
     kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as heads
     rotary: bool = False  # rotary position embeddings on Q and K (rotate-half convention)
     rotary_base: float = 10000.0
+    rotary_fraction: float = 1.0  # the share of a head's entries that turn, 2/n (GPT-NeoX, Phi)
+    rotary_scaling: str = "none"  # the angle table's scaling (HF's rope_scaling "rope_type")
+    rotary_factor: float = 1.0  # the scaling's factor
+    rotary_original_length: int = 0  # the length trained on (original_max_position_embeddings)
+    rotary_low_freq_factor: float = 1.0  # llama3
+    rotary_high_freq_factor: float = 4.0  # llama3
+    rotary_beta_fast: float = 32.0  # yarn
+    rotary_beta_slow: float = 1.0  # yarn
+    rotary_attention_factor: float = 0.0  # yarn: the amplitude of cos, sin; 0: 0.1 ln(f) + 1
+    value_width: str = "d/h"  # a head's value width: d/h, or d_k as queries' (Gemma, T5)
     norm_bias: bool = True
     norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
     shared_norm: bool = False  # a parallel block's two branches read one norm (Phi, Falcon)
@@ -134,6 +165,8 @@ def validate(data: dict, source: str = "config") -> Config:
     if "name" not in data:
         raise ConfigError(f"{source}: 'name' is required (a Python identifier, "
                           "the module name under generated/)")
+    if "attention_bias" in data:
+        data = {**data, "attention_bias": _biases(data, source)}
     for key, value in data.items():
         _check_type(key, value, known[key], source)
     check_name(data["name"], source)
@@ -156,17 +189,15 @@ def validate(data: dict, source: str = "config") -> Config:
     if kv_heads < 0 or (kv_heads and heads % kv_heads):
         raise ConfigError(f"{source}: 'kv_heads' must divide heads = {heads} (or be 0 for as "
                           f"many as heads), got {kv_heads!r}")
-    base = float(data.get("rotary_base", 10000.0))
-    if not math.isfinite(base) or base <= 1:
-        raise ConfigError(f"{source}: 'rotary_base' must be a finite number > 1, got "
-                          f"{data['rotary_base']!r}")
-    if "rotary_base" in data and not data.get("rotary", False):
-        raise ConfigError(f"{source}: 'rotary_base' needs rotary = true")
     cap = float(data.get("logit_softcap", 0.0))
     if not math.isfinite(cap) or cap < 0:
         raise ConfigError(f"{source}: 'logit_softcap' must be a finite number > 0 (or 0 for "
                           f"none), got {data['logit_softcap']!r}")
-    config = Config(**{**data, "eps": eps, "attention_scale": scale, "rotary_base": base,
+    _check_rotary(data, source)
+    floats = {key: float(data[key]) for key in data
+              if key.startswith("rotary_") and isinstance(Config.__dataclass_fields__[key]
+                                                         .default, float)}
+    config = Config(**{**data, **floats, "eps": eps, "attention_scale": scale,
                        "logit_softcap": cap, "kv_heads": 0 if kv_heads == heads else kv_heads})
     for key, kinds in APPLIES_TO.items():
         if config.kind not in kinds and getattr(config, key) != known[key]:
@@ -187,10 +218,78 @@ def validate(data: dict, source: str = "config") -> Config:
     if config.sandwich_norm and config.norm_position != "pre":
         raise ConfigError(f"{source}: 'sandwich_norm' normalises each branch's output before "
                           "it is added; it needs norm_position = \"pre\"")
+    if "o" in config.attention_bias and not config.out_proj:
+        raise ConfigError(f"{source}: 'attention_bias' names b_O (\"o\"), which needs "
+                          "out_proj = true")
+    if config.value_width == "d_k" and not config.out_proj:
+        raise ConfigError(f"{source}: 'value_width' = \"d_k\" gives heads of width d_k, which "
+                          "W_O maps back to d; it needs out_proj = true")
     if config.heads > 1 and not config.out_proj:
         raise ConfigError(f"{source}: heads = {config.heads} needs out_proj = true: "
                           "concatenating heads without W_O is not derived yet")
     return config
+
+
+def _biases(data: dict, source: str) -> str:
+    """``attention_bias`` as the letters of its biased projections in ``"qkvo"`` order:
+    ``true`` is every projection there is (``b_O`` only with ``out_proj``)."""
+    value = data["attention_bias"]
+    if isinstance(value, bool):
+        return ("qkvo" if data.get("out_proj", False) else "qkv") if value else ""
+    letters = set(value) if isinstance(value, str) else None
+    if not letters or not letters <= set(BIASED_PROJECTIONS) or len(letters) != len(value):
+        raise ConfigError(f"{source}: 'attention_bias' must be true, false or the biased "
+                          f"projections as distinct letters of \"qkvo\" (\"qkv\": Qwen2, \"qvo\": "
+                          f"EVA), got {value!r}")
+    return "".join(p for p in BIASED_PROJECTIONS if p in letters)
+
+
+def _check_rotary(data: dict, source: str) -> None:
+    """:class:`ConfigError` unless the rotary options are in range and go together."""
+    rotary_keys = [key for key in data if key.startswith("rotary_")]
+    if rotary_keys and not data.get("rotary", False):
+        raise ConfigError(f"{source}: '{rotary_keys[0]}' needs rotary = true")
+    base = float(data.get("rotary_base", 10000.0))
+    if not math.isfinite(base) or base <= 1:
+        raise ConfigError(f"{source}: 'rotary_base' must be a finite number > 1, got "
+                          f"{data['rotary_base']!r}")
+    fraction = float(data.get("rotary_fraction", 1.0))
+    chunks = 2 / fraction if math.isfinite(fraction) and fraction > 0 else 0.0
+    if not (chunks >= 2 and chunks == round(chunks)):
+        raise ConfigError(f"{source}: 'rotary_fraction' must be 2/n for an integer n >= 2 "
+                          f"(1, 2/3, 1/2, 0.4, 1/3, 0.25, ...: a head's width splits into n "
+                          f"equal chunks, the first two turn), got {data['rotary_fraction']!r}")
+    scaling = data.get("rotary_scaling", "none")
+    allowed = ROTARY_SCALING_OPTIONS.get(scaling, ())
+    for key in rotary_keys:
+        if key in ("rotary_base", "rotary_fraction", "rotary_scaling"):
+            continue
+        if key == "rotary_factor" and scaling != "none":
+            continue
+        if key not in allowed:
+            raise ConfigError(f"{source}: '{key}' does not apply to rotary_scaling = "
+                              f"{scaling!r}; remove it")
+    for key in ("rotary_factor", "rotary_low_freq_factor", "rotary_high_freq_factor",
+                "rotary_beta_fast", "rotary_beta_slow"):
+        value = float(data.get(key, 1.0))
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{source}: '{key}' must be a finite number > 0, got "
+                              f"{data[key]!r}")
+    if scaling != "none" and float(data.get("rotary_factor", 1.0)) < 1:
+        raise ConfigError(f"{source}: 'rotary_factor' must be >= 1 (a context stretched "
+                          f"that many times), got {data['rotary_factor']!r}")
+    amplitude = float(data.get("rotary_attention_factor", 0.0))
+    if not math.isfinite(amplitude) or amplitude < 0:
+        raise ConfigError(f"{source}: 'rotary_attention_factor' must be a finite number > 0 "
+                          f"(or 0 for 0.1 ln(factor) + 1), got {data['rotary_attention_factor']!r}")
+    if scaling in ("dynamic", "llama3", "yarn") and data.get("rotary_original_length", 0) < 1:
+        raise ConfigError(f"{source}: rotary_scaling = {scaling!r} needs "
+                          "'rotary_original_length' >= 1 (the length trained on, HF's "
+                          "original_max_position_embeddings)")
+    if scaling == "llama3" and (float(data.get("rotary_high_freq_factor", 4.0))
+                                <= float(data.get("rotary_low_freq_factor", 1.0))):
+        raise ConfigError(f"{source}: 'rotary_high_freq_factor' must be larger than "
+                          "'rotary_low_freq_factor'")
 
 
 def load(path: str | Path) -> Config:

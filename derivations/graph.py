@@ -76,6 +76,9 @@ class Assign:
     reduction: str | None = None
     #: the number a constant table is made from (the rotary base)
     base: float | None = None
+    #: the rotary table's scaling: (kind, factor, original length, low, high, beta fast,
+    #: beta slow, amplitude), see :func:`.attention.rotary_scaling`
+    scaling: tuple | None = None
     sublayer: str = ""  # the part of the architecture it belongs to (for documents)
     #: closed-form local derivative rules (a primitive such as the row softmax); the
     #: calculus uses them instead of the product rule on ``expr``
@@ -169,15 +172,18 @@ class Graph:
         self._append(tensor, Expr([], tensor.indices), reduction="causal")
         return tensor
 
-    def rotary(self, name: str, length: sp.Symbol, half: sp.Symbol, base: float) -> Tensor:
-        """A constant ``name[i, s, t, m]`` (``length × 2 × 2 × half``): at position ``i``, the
-        rotation ``[[cos φ, -sin φ], [sin φ, cos φ]]`` (over ``s, t``) by the angle
-        ``φ = i · base^(-m/half)`` of the pair ``(x_m, x_{half+m})`` of a head's ``2·half``
-        entries (the rotate-half convention)."""
-        indices = (self.index(length, "i"), self.index(sizes.n_2, "s"),
-                   self.index(sizes.n_2, "t"), self.index(half, "m"))
+    def rotary(self, name: str, length: sp.Symbol, chunks: sp.Symbol, half: sp.Symbol,
+               base: float, scaling: tuple) -> Tensor:
+        """A constant ``name[i, s, t, m]`` (``length × chunks × chunks × half``): at position
+        ``i``, over ``s, t < 2``, the rotation ``a [[cos φ, -sin φ], [sin φ, cos φ]]`` by the
+        angle ``φ = i · ω_m`` of the pair ``(x_m, x_{half+m})`` of a head's entries (the
+        rotate-half convention), ``ω_m = base^(-m/half)`` as ``scaling`` changes it (and the
+        amplitude ``a``, 1 but for YaRN); the identity over the other chunks of ``half``
+        entries (partial rotary: they do not turn)."""
+        indices = (self.index(length, "i"), self.index(chunks, "s"),
+                   self.index(chunks, "t"), self.index(half, "m"))
         tensor = self.declare(name, indices, False, role="constant")
-        self._append(tensor, Expr([], indices), reduction="rotary", base=base)
+        self._append(tensor, Expr([], indices), reduction="rotary", base=base, scaling=scaling)
         return tensor
 
     def row_weights(self, name: str, length: sp.Symbol, kind: str) -> Tensor:

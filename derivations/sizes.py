@@ -14,6 +14,7 @@ g = sp.Symbol("g", positive=True, integer=True)      # key/value heads (a config
 r = sp.Symbol("r", positive=True, integer=True)      # query heads per key/value head, h / g
 d_r = sp.Symbol("d_r", positive=True, integer=True)  # rotary frequencies per head, d_k / 2
 n_2 = sp.Symbol("n_2", positive=True, integer=True)  # the two halves a rotary pair spans, 2
+n_r = sp.Symbol("n_r", positive=True, integer=True)  # chunks of d_r a head spans, partial rotary
 p = sp.Symbol("p", positive=True, integer=True)      # input features of an embedding
 c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a head
 n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1

@@ -76,19 +76,58 @@ VARIANTS = {
                                'activation = "quick_gelu"\nffn_bias = true'),
     "attention_softcap": 'kind = "self_attention"\nlogit_softcap = 0.5\ncausal = true',
     "ffn_quick_gelu": 'kind = "ffn"\nactivation = "quick_gelu"\nffn_bias = true',
+    # biases set apart, partial and scaled rotary, heads of their own width
+    "qwen2_biases_qkv": ('norm = "rmsnorm"\nnorm_position = "pre"\naffine = true\n'
+                         'eps = 1e-6\nheads = 2\ncausal = true\nout_proj = true\n'
+                         'attention_bias = "qkv"\nrotary = true\nactivation = "silu"\n'
+                         'ffn_gate = true'),
+    "attention_biases_qvo": ('kind = "self_attention"\nheads = 2\nout_proj = true\n'
+                             'attention_bias = "qvo"'),
+    "attention_bias_out_only": ('kind = "self_attention"\nout_proj = true\n'
+                                'attention_bias = "o"\nloss = "cross_entropy"'),
+    "neox_partial_rotary": ('norm_position = "parallel"\naffine = true\neps = 1e-5\n'
+                            'heads = 2\ncausal = true\nout_proj = true\nattention_bias = true\n'
+                            'rotary = true\nrotary_fraction = 0.5\nactivation = "gelu"\n'
+                            'ffn_bias = true'),
+    "phi_partial_rotary": ('kind = "self_attention"\nheads = 2\nout_proj = true\n'
+                           'attention_bias = true\nrotary = true\nrotary_fraction = 0.4'),
+    "rotary_linear": ('kind = "self_attention"\nrotary = true\nrotary_scaling = "linear"\n'
+                      'rotary_factor = 2.5'),
+    "rotary_dynamic_ntk": ('kind = "self_attention"\ncausal = true\nrotary = true\n'
+                           'rotary_scaling = "dynamic"\nrotary_factor = 2.0\n'
+                           'rotary_original_length = 3'),
+    "rotary_llama3": ('kind = "self_attention"\nheads = 2\nkv_heads = 1\nout_proj = true\n'
+                      'rotary = true\nrotary_base = 500000.0\nrotary_scaling = "llama3"\n'
+                      'rotary_factor = 8.0\nrotary_original_length = 64'),
+    "rotary_yarn": ('kind = "self_attention"\nrotary = true\nrotary_scaling = "yarn"\n'
+                    'rotary_factor = 4.0\nrotary_original_length = 64'),
+    "gemma_value_width": ('norm = "rmsnorm"\nnorm_offset = true\nnorm_position = "pre"\n'
+                          'affine = true\neps = 1e-6\nheads = 2\ncausal = true\n'
+                          'out_proj = true\nvalue_width = "d_k"\nrotary = true\n'
+                          'activation = "gelu_tanh"\nffn_gate = true'),
+    "attention_value_width_gqa": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
+                                  'out_proj = true\nvalue_width = "d_k"\n'
+                                  'attention_bias = "qkv"'),
 }
 #: Sizes for the variants that need an even d_k (rotary) and d divisible by 4 heads.
 ROTARY_DIMS = {"L": 3, "d": 8, "d_k": 6, "d_ff": 5}
 DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rotary_bias",
                                           "llama_block", "neox_parallel_block",
-                                          "gemma2_block")}
+                                          "gemma2_block", "qwen2_biases_qkv",
+                                          "rotary_linear", "rotary_yarn", "rotary_llama3",
+                                          "gemma_value_width", "attention_value_width_gqa")}
+#: Partial rotary: a head's width in 2/fraction chunks (4 for GPT-NeoX's 1/2, 5 for Phi's 0.4),
+#: a sequence longer than the trained length (dynamic NTK grows its base).
+DIMS_OF.update(neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
+               phi_partial_rotary={"L": 3, "d": 8, "d_k": 10, "d_ff": 5},
+               rotary_dynamic_ntk={"L": 5, "d": 4, "d_k": 6, "d_ff": 7})
 
 
 #: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
 SLOW = {"llama_block", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
         "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
         "pre_ln_relu_causal", "pre_ln_linear_loss", "neox_parallel_block", "gemma2_block",
-        "layer_scale_quick_gelu"}
+        "layer_scale_quick_gelu", "qwen2_biases_qkv", "gemma_value_width", "rotary_llama3"}
 
 
 def _load_module(path, name):
@@ -196,6 +235,29 @@ def test_custom_loss_module_names_its_loss(variant):
     ({"kind": "block", "sandwich_norm": True}, "'sandwich_norm' .* needs norm_position = "
                                                "\"pre\""),
     ({"kind": "ffn", "layer_scale": True}, "'layer_scale' applies to kind block"),
+    ({"kind": "block", "attention_bias": "qq"}, "'attention_bias' must be true, false or the "
+                                                 "biased projections as distinct letters"),
+    ({"kind": "block", "attention_bias": "qx"}, "'attention_bias' must be true, false"),
+    ({"kind": "block", "attention_bias": "o"}, "'attention_bias' names b_O .* needs out_proj"),
+    ({"kind": "block", "value_width": "d_k"}, "'value_width' = \"d_k\" .* needs out_proj"),
+    ({"kind": "block", "value_width": "d"}, "'value_width' must be one of d/h, d_k"),
+    ({"kind": "block", "rotary_fraction": 0.5}, "'rotary_fraction' needs rotary = true"),
+    ({"kind": "block", "rotary": True, "rotary_fraction": 0.3},
+     "'rotary_fraction' must be 2/n for an integer n >= 2 .* got 0.3"),
+    ({"kind": "block", "rotary": True, "rotary_factor": 2.0},
+     "'rotary_factor' does not apply to rotary_scaling = 'none'"),
+    ({"kind": "block", "rotary": True, "rotary_scaling": "yarn", "rotary_factor": 2.0},
+     "rotary_scaling = 'yarn' needs 'rotary_original_length' >= 1"),
+    ({"kind": "block", "rotary": True, "rotary_scaling": "linear",
+      "rotary_original_length": 8}, "'rotary_original_length' does not apply to "
+                                    "rotary_scaling = 'linear'"),
+    ({"kind": "block", "rotary": True, "rotary_scaling": "linear", "rotary_factor": 0.5},
+     "'rotary_factor' must be >= 1"),
+    ({"kind": "block", "rotary": True, "rotary_scaling": "llama3", "rotary_factor": 8.0,
+      "rotary_original_length": 8, "rotary_low_freq_factor": 4.0,
+      "rotary_high_freq_factor": 2.0}, "'rotary_high_freq_factor' must be larger"),
+    ({"kind": "block", "rotary": True, "rotary_scaling": "ntk"},
+     "'rotary_scaling' must be one of none, linear, dynamic, llama3, yarn"),
 ])
 def test_rejected_combinations(data, message):
     with pytest.raises(ConfigError, match=message):
@@ -230,6 +292,6 @@ def test_rotary_needs_an_even_head_width(variant, backend):
     module = variant("attention_rotary", backend)[1]
     params, X, _ = random_case(module, ROTARY_DIMS, batch=2)
     params = {"W_Q": params["W_Q"][:, :5], "W_K": params["W_K"][:, :5], "W_V": params["W_V"]}
-    with pytest.raises(ValueError, match=r"params\['W_Q'\]: expected an even head width d_k "
-                                         r"\(rotary embeddings turn pairs of halves\), got d_k = 5"):
+    with pytest.raises(ValueError, match=r"params\['W_Q'\]: expected a head width d_k divisible "
+                                         r"by 2 \(rotary embeddings turn pairs .*\), got d_k = 5"):
         module.forward(to_backend(backend, params), to_backend(backend, X))

@@ -203,7 +203,8 @@ class ArrayPrinter(PythonCodePrinter):
 
     def _print_Rotary(self, node: ir.Rotary) -> str:
         return (f"{node.result} = _rotary(ns, {self._print(node.length)}, "
-                f"{self._print(node.half)}, {node.base!r})")
+                f"{self._print(node.chunks)}, {self._print(node.half)}, {node.base!r}, "
+                f"{node.scaling!r})")
 
     def _print_RowWeights(self, node: ir.RowWeights) -> str:
         return f"{node.result} = _row_weights(ns, {self._print(node.length)}, {node.kind!r})"
