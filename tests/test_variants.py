@@ -173,7 +173,9 @@ def test_variant_matches_torch_func(variant, name, backend):
 #: The new terms where they are strained (the stability matrix's scales, run with -m stability):
 #: soft-capped scores of large queries and keys, large inputs, rows of large mean.
 STRAINED = [("gemma2_block", "W_QK", 1e3), ("neox_parallel_block", "shift", 1e5),
-            ("layer_scale_quick_gelu", "X", 1e3), ("attention_softcap", "W_QK", 1e3)]
+            ("layer_scale_quick_gelu", "X", 1e3), ("attention_softcap", "W_QK", 1e3),
+            ("rotary_yarn", "W_QK", 1e3), ("neox_partial_rotary", "X", 1e3),
+            ("gemma_value_width", "shift", 1e5)]
 
 
 @pytest.mark.stability
@@ -295,3 +297,59 @@ def test_rotary_needs_an_even_head_width(variant, backend):
     with pytest.raises(ValueError, match=r"params\['W_Q'\]: expected a head width d_k divisible "
                                          r"by 2 \(rotary embeddings turn pairs .*\), got d_k = 5"):
         module.forward(to_backend(backend, params), to_backend(backend, X))
+
+
+ROPE_CASES = [  # (config's rotary options, Hugging Face's rope_parameters), head_dim 20, L 100
+    # partial rotary: HF's unscaled table of the first 0.4 of a head, as linear with factor 1
+    ({"rotary_fraction": 0.4}, {"rope_type": "linear", "factor": 1.0,
+                                "partial_rotary_factor": 0.4}),
+    ({"rotary_scaling": "linear", "rotary_factor": 2.5}, {"rope_type": "linear", "factor": 2.5}),
+    ({"rotary_scaling": "dynamic", "rotary_factor": 2.0, "rotary_original_length": 64},
+     {"rope_type": "dynamic", "factor": 2.0}),
+    ({"rotary_scaling": "llama3", "rotary_factor": 8.0, "rotary_original_length": 64,
+      "rotary_low_freq_factor": 1.0, "rotary_high_freq_factor": 4.0},
+     {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+    ({"rotary_scaling": "yarn", "rotary_factor": 4.0, "rotary_original_length": 64},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ({"rotary_scaling": "yarn", "rotary_factor": 4.0, "rotary_original_length": 64,
+      "rotary_beta_fast": 16.0, "rotary_attention_factor": 1.5},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+      "beta_fast": 16.0, "attention_factor": 1.5}),
+]
+
+
+@pytest.mark.parametrize("options, rope", ROPE_CASES, ids=["partial", "linear", "dynamic", "llama3", "yarn", "yarn_options"])
+def test_rotary_tables_match_hugging_face(tmp_path, options, rope):
+    """The generated table's frequencies and amplitude, and the reference's, are Hugging
+    Face's rope initialisers' (computed in float32 there)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from curvgap.derivations.attention import _frequencies, rotary_scaling
+
+    head_dim, length = 20, 100
+    config = validate({"name": "v", "kind": "self_attention", "rotary": True,
+                       "rotary_base": 500.0, **options})
+    hf = transformers.LlamaConfig(hidden_size=40, num_attention_heads=2, head_dim=head_dim,
+                                  max_position_embeddings=64,
+                                  rope_parameters={"rope_theta": 500.0, **rope})
+    expected, amplitude = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, "cpu", seq_len=length)
+    half = round(head_dim * config.rotary_fraction) // 2
+    path = tmp_path / "v.toml"
+    path.write_text('name = "v"\nkind = "self_attention"\nrotary = true\nrotary_base = 500.0\n'
+                    + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items()))
+    module = _load_module_from(render(derive(load(path)), backend_named("torch")), tmp_path)
+    generated, generated_amplitude = module._rotary_frequencies(half, length, 500.0,
+                                                                rotary_scaling(config))
+    reference, reference_amplitude = _frequencies(config, half, length, torch.float64)
+    for omega, a in ((torch.tensor(generated, dtype=torch.float64), generated_amplitude),
+                     (reference, reference_amplitude)):
+        assert torch.allclose(omega, expected.double(), rtol=1e-6, atol=0)
+        assert a == pytest.approx(amplitude, rel=1e-12)
+
+
+def _load_module_from(source: str, folder):
+    file = folder / "rotary_module.py"
+    file.write_text(source)
+    return _load_module(file, f"rotary_module_{folder.name}")
