@@ -36,10 +36,10 @@ ROTARY_SCALING_OPTIONS = {
 
 #: Options that mean something for each kind; the others must keep their defaults.
 APPLIES_TO = {
-    "norm": ("block", "layernorm"),
+    "norm": ("block", "layernorm", "head"),
     "norm_position": ("block",),
-    "eps": ("block", "layernorm"),
-    "affine": ("block", "layernorm"),
+    "eps": ("block", "layernorm", "head"),
+    "affine": ("block", "layernorm", "head"),
     "heads": ("block", "self_attention"),
     "causal": ("block", "self_attention"),
     "out_proj": ("block", "self_attention"),
@@ -58,8 +58,8 @@ APPLIES_TO = {
     "rotary_beta_slow": ("block", "self_attention"),
     "rotary_attention_factor": ("block", "self_attention"),
     "value_width": ("block", "self_attention"),
-    "norm_bias": ("block", "layernorm"),
-    "norm_offset": ("block", "layernorm"),
+    "norm_bias": ("block", "layernorm", "head"),
+    "norm_offset": ("block", "layernorm", "head"),
     "shared_norm": ("block",),
     "layer_scale": ("block",),
     "sandwich_norm": ("block",),
@@ -73,6 +73,8 @@ APPLIES_TO = {
     "class_token": ("embedding",),
     "pooling": ("head",),
     "head_bias": ("head",),
+    "pooled_norm": ("head",),
+    "pooler": ("head",),
 }
 
 
@@ -127,6 +129,8 @@ class Config:
     class_token: bool = False  # the first row is a learned token (a ViT's class token)
     pooling: str = "none"  # of the rows before a head: none, mean or first
     head_bias: bool = True
+    pooled_norm: bool = False  # the pooled row normalised before the head (timm's fc_norm)
+    pooler: bool = False  # the pooled row through tanh(U W_P + b_P) first (BERT's pooler)
     loss: str = "mse"
 
 
@@ -203,6 +207,15 @@ def validate(data: dict, source: str = "config") -> Config:
         if config.kind not in kinds and getattr(config, key) != known[key]:
             raise ConfigError(f"{source}: '{key}' applies to kind {' or '.join(kinds)}, "
                               f"not to kind '{config.kind}'; remove it")
+    norm_keys = [key for key in ("norm", "eps", "affine", "norm_bias", "norm_offset")
+                 if key in data]
+    if config.kind == "head" and norm_keys and not config.pooled_norm:
+        raise ConfigError(f"{source}: '{norm_keys[0]}' sets the norm of a head's pooled row; "
+                          "it needs pooled_norm = true")
+    if (config.pooled_norm or config.pooler) and config.pooling == "none":
+        key = "pooled_norm" if config.pooled_norm else "pooler"
+        raise ConfigError(f"{source}: '{key}' acts on the pooled row; it needs pooling = "
+                          "\"mean\" or \"first\" (a norm of every row is a model's [norm])")
     if not config.norm_bias and not (config.norm == "layernorm" and config.affine):
         raise ConfigError(f"{source}: 'norm_bias' = false drops the beta of an affine "
                           "LayerNorm; it needs norm = \"layernorm\" and affine = true")

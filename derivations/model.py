@@ -153,7 +153,7 @@ def build_network(g: Graph, config: Config, external: dict | None = None
     if config.kind == "head":
         with g.sublayer(head.TITLE):
             layer = head.head(g, X, config)
-        return X, layer.output, layer.params, []
+        return X, layer.output, layer.params, layer.guards
     if config.kind == "layernorm":
         with g.sublayer(normalization.title(config)):
             norm = normalization.normalize(g, X, config, "Z")

@@ -105,6 +105,10 @@ VARIANTS = {
                           'affine = true\neps = 1e-6\nheads = 2\ncausal = true\n'
                           'out_proj = true\nvalue_width = "d_k"\nrotary = true\n'
                           'activation = "gelu_tanh"\nffn_gate = true'),
+    # heads after pooling: a norm of the pooled row (timm's fc_norm), BERT's pooler
+    "head_pooled_norm": ('kind = "head"\npooling = "mean"\npooled_norm = true\naffine = true\n'
+                         'eps = 1e-6\nloss = "cross_entropy"'),
+    "bert_pooler_head": 'kind = "head"\npooling = "first"\npooler = true\nloss = "cross_entropy"',
     "attention_value_width_gqa": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
                                   'out_proj = true\nvalue_width = "d_k"\n'
                                   'attention_bias = "qkv"'),
@@ -120,7 +124,8 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
 #: a sequence longer than the trained length (dynamic NTK grows its base).
 DIMS_OF.update(neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
                phi_partial_rotary={"L": 3, "d": 8, "d_k": 10, "d_ff": 5},
-               rotary_dynamic_ntk={"L": 5, "d": 4, "d_k": 6, "d_ff": 7})
+               rotary_dynamic_ntk={"L": 5, "d": 4, "d_k": 6, "d_ff": 7},
+               head_pooled_norm={**DIMS, "c": 6}, bert_pooler_head={**DIMS, "c": 6})
 
 
 #: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
@@ -258,6 +263,10 @@ def test_custom_loss_module_names_its_loss(variant):
     ({"kind": "block", "rotary": True, "rotary_scaling": "llama3", "rotary_factor": 8.0,
       "rotary_original_length": 8, "rotary_low_freq_factor": 4.0,
       "rotary_high_freq_factor": 2.0}, "'rotary_high_freq_factor' must be larger"),
+    ({"kind": "head", "pooling": "mean", "affine": True},
+     "'affine' sets the norm of a head's pooled row; it needs pooled_norm = true"),
+    ({"kind": "head", "pooler": True}, "'pooler' acts on the pooled row; it needs pooling"),
+    ({"kind": "block", "pooled_norm": True}, "'pooled_norm' applies to kind head"),
     ({"kind": "block", "rotary": True, "rotary_scaling": "ntk"},
      "'rotary_scaling' must be one of none, linear, dynamic, llama3, yarn"),
 ])
