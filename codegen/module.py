@@ -5,10 +5,11 @@ stores)."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from ..derivations.config import Config
-from ..derivations.description import describe
+from ..derivations.description import describe, structure
 from ..derivations.model import Derivation
 from ..derivations.program import Program
 from .lowering import lower
@@ -97,6 +98,8 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
     for function in functions:
         function.lines = [printer.statement(s) for s in function.statements]
     title, description = describe(der.config)
+    if not (isinstance(der.config, Program) and der.config.scope == "products"):
+        description += "\n\n" + textwrap.fill(structure(der.config, list(der.structured)), 88)
     external = der.external_shapes
 
     def shape(tensor) -> list[str]:

@@ -49,3 +49,49 @@ def describe(config: Config | Program) -> tuple[str, str]:
         lines = [block, attention.describe(config), ffn.describe(config),
                  normalization.describe(config), loss]
     return f"{title}: exact Jacobians, Hessians and Hessian-vector products.", "\n".join(lines)
+
+
+#: What each term does to the Kronecker structure of the blocks and to the paper's objects.
+TERM_NOTES = {
+    "rotary": "rotary embeddings turn Q and K by a different angle at each position, so a "
+              "block through W_Q or W_K is no single Kronecker product per sample",
+    "logit_softcap": "soft-capping puts cap * tanh(T / cap) between the scores and the "
+                     "softmax: the paper's score-level objects gain its derivatives",
+    "layer_scale": "LayerScale multiplies each branch by a learned vector, a factor inside "
+                   "every block of that branch",
+    "parallel": "the parallel residual adds both branches to X: the paper's chain Y = "
+                "Norm(X + F(X)), Z = Norm(Y + FFN(Y)) does not apply",
+    "sandwich_norm": "the branch outputs pass a norm of their own before the residual sum",
+    "kv_heads": "grouped-query heads share W_K, W_V: their blocks sum over the query heads",
+    "pooled_norm": "the pooled row is normalised, a non-linear map between X and W_H",
+    "pooler": "the pooler's tanh sits between the pooled row and W_H",
+}
+
+
+def structure(config: Config | Program, structured: list[tuple[str, str, str]]) -> str:
+    """A paragraph for the module's docstring: which loss-Hessian blocks over two matrix
+    parameters are exactly a sum of Kronecker products (``structured``: ``(V, W, part)``),
+    and which of the config's terms break that structure or change the paper's objects."""
+    blocks: dict[tuple[str, str], list[str]] = {}
+    for v, w, part in structured:
+        blocks.setdefault((v, w), []).append(part.replace("_", "-"))
+    if blocks:
+        listed = "; ".join(f"({v}, {w}): {', '.join(parts)}" for (v, w), parts in blocks.items())
+        text = ("Kronecker structure (read off the index form): exactly a sum of Kronecker "
+                f"products per sample ({listed}), factors from ``kronecker_factors``; every "
+                "other block is not.")
+    else:
+        text = ("Kronecker structure (read off the index form): no loss-Hessian block is "
+                "exactly a sum of Kronecker products here.")
+    if isinstance(config, Program):
+        return text
+    present = [key for key in TERM_NOTES if TERM_NOTES[key] and _has(config, key)]
+    if present:
+        text += " Here " + "; ".join(TERM_NOTES[key] for key in present) + "."
+    return text
+
+
+def _has(config: Config, term: str) -> bool:
+    if term == "parallel":
+        return config.kind == "block" and config.norm_position == "parallel"
+    return bool(getattr(config, term, False))
