@@ -10,7 +10,7 @@ import sympy as sp
 from ..derivations.graph import Guard  # a statement as it is: checked after its node
 
 __all__ = ["Accumulate", "Assign", "CausalBias", "Combine", "Contract", "Elementwise", "Free",
-           "Guard", "Part", "RowWeights", "Rotary", "RowMax", "Zeros"]
+           "Guard", "Part", "RowWeights", "RelativeBuckets", "Rotary", "RowMax", "Zeros"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,18 @@ class Rotary:
     half: sp.Expr
     base: float
     scaling: tuple
+
+
+@dataclass(frozen=True)
+class RelativeBuckets:
+    """``result = (length × length × buckets)``: 1 where the last index is the bucket of the
+    offset ``j - i`` (T5's buckets up to ``max_distance``), 0 elsewhere."""
+
+    result: str
+    length: sp.Expr
+    buckets: sp.Expr
+    max_distance: int
+    bidirectional: bool
 
 
 @dataclass(frozen=True)

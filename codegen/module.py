@@ -85,6 +85,8 @@ def constant_dims(source: Config | Program) -> dict[str, int]:
         dims["n_2"] = 2
     elif config.rotary:
         dims["n_r"] = round(2 / config.rotary_fraction)
+    if config.relative_bias:
+        dims["n_u"] = config.relative_buckets
     if config.pooling != "none" or config.class_token:
         dims["n_1"] = 1
     return dims

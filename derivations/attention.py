@@ -100,8 +100,16 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
                    R[i, s_, t, m] * Q[(i, *query_heads, t, m)])
         K = g.node("K_rot", (j, *kv_heads, s_, m), R[j, s_, t, m] * K[(j, *kv_heads, t, m)])
     scale = _exactly(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
-    T = g.node("T_att", (*query_heads, i, j),
-               scale * Q[(i, *query_heads, *columns)] * K[(j, *kv_heads, *columns)])
+    scores = scale * Q[(i, *query_heads, *columns)] * K[(j, *kv_heads, *columns)]
+    if config.relative_bias:  # T5's learned bias of each head and offset bucket
+        buckets = g.relative_buckets("P_rel", L, config.relative_max_distance,
+                                     not config.causal)
+        u = g.index(sizes.n_u, "u")
+        E = g.input("E_rel", (sizes.n_u, *(k.dim for k in query_heads)), role="param",
+                    batched=False)
+        params.append(E)
+        scores = scores + buckets[i, j, u] * E[(u, *query_heads)]
+    T = g.node("T_att", (*query_heads, i, j), scores)
     if config.logit_softcap:  # the scores capped smoothly at ± cap before the softmax
         cap = _exactly(config.logit_softcap)
         capped = ScalarFn("softcap", cap * sp.tanh(x / cap))
@@ -143,6 +151,8 @@ def _external_shapes(config: Config, params: list[Tensor]) -> dict[str, tuple[st
     if config.heads > 1:
         shapes.update({"W_V": ("d", value_width), "b_V": (value_width,),
                        "W_O": (out_width, "d")})
+    if config.kv_heads:
+        shapes["E_rel"] = ("n_u", "h")
     names = {p.name for p in params}
     return {k: v for k, v in shapes.items() if k in names}
 
@@ -195,6 +205,11 @@ def describe(config: Config) -> str:
         values = "X W_V"
     scale = (f"{config.attention_scale!r} {scores}" if config.attention_scale
              else f"{scores} / sqrt(d_k)")
+    if config.relative_bias:
+        scale += " + E_rel[bucket(j - i)]"
+        heads += (f", T5's relative position bias ({config.relative_buckets} buckets up to "
+                  f"distance {config.relative_max_distance}, "
+                  + ("keys before the query" if config.causal else "both directions") + ")")
     if config.logit_softcap:
         scale = f"{config.logit_softcap:g} tanh(({scale}) / {config.logit_softcap:g})"
     return (f"F(X) = softmax({scale}" + (" + causal mask" if config.causal else "")
@@ -237,6 +252,24 @@ def _frequencies(config: Config, half: int, length: int, dtype: torch.dtype
     return inverse, amplitude
 
 
+def _buckets(config: Config, L: int) -> torch.Tensor:
+    """T5's bucket of each offset ``j - i`` (``L×L`` integers), written as its
+    ``_relative_position_bucket``."""
+    offset = torch.arange(L)[None, :] - torch.arange(L)[:, None]
+    buckets, first = config.relative_buckets, torch.zeros_like(offset)
+    if config.causal:
+        distance = (-offset).clamp(min=0)
+    else:
+        buckets //= 2
+        first, distance = (offset > 0).long() * buckets, offset.abs()
+    exact = buckets // 2
+    far = exact + (torch.log(distance.double() / exact)
+                   / math.log(config.relative_max_distance / exact)
+                   * (buckets - exact)).long()
+    far = far.clamp(max=buckets - 1)
+    return first + torch.where(distance < exact, distance, far)
+
+
 def _rotate(x: torch.Tensor, config: Config) -> torch.Tensor:
     """Rotary embeddings of ``x`` (``heads × L × d_k``), rotate-half convention on the first
     ``rotary_fraction · d_k`` entries: entries ``m`` and ``d_rot/2 + m`` of row ``i`` turned by
@@ -267,6 +300,9 @@ def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     K, V = K.repeat_interleave(h // kv, 0), V.repeat_interleave(h // kv, 0)
     scores = Q @ K.transpose(1, 2)
     scores = scores * config.attention_scale if config.attention_scale else scores / d_k ** 0.5
+    if config.relative_bias:
+        E = params["E_rel"].reshape(config.relative_buckets, h)
+        scores = scores + E[_buckets(config, L)].permute(2, 0, 1)
     if config.logit_softcap:
         scores = config.logit_softcap * torch.tanh(scores / config.logit_softcap)
     if config.causal:

@@ -58,6 +58,9 @@ APPLIES_TO = {
     "rotary_beta_slow": ("block", "self_attention"),
     "rotary_attention_factor": ("block", "self_attention"),
     "value_width": ("block", "self_attention"),
+    "relative_bias": ("block", "self_attention"),
+    "relative_buckets": ("block", "self_attention"),
+    "relative_max_distance": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm", "head"),
     "norm_offset": ("block", "layernorm", "head"),
     "shared_norm": ("block",),
@@ -113,6 +116,9 @@ class Config:
     rotary_beta_fast: float = 32.0  # yarn
     rotary_beta_slow: float = 1.0  # yarn
     rotary_attention_factor: float = 0.0  # yarn: the amplitude of cos, sin; 0: 0.1 ln(f) + 1
+    relative_bias: bool = False  # T5's learned bias per head and offset bucket on the scores
+    relative_buckets: int = 32  # T5's relative_attention_num_buckets
+    relative_max_distance: int = 128  # T5's relative_attention_max_distance
     value_width: str = "d/h"  # a head's value width: d/h, or d_k as queries' (Gemma, T5)
     norm_bias: bool = True
     norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
@@ -198,6 +204,7 @@ def validate(data: dict, source: str = "config") -> Config:
         raise ConfigError(f"{source}: 'logit_softcap' must be a finite number > 0 (or 0 for "
                           f"none), got {data['logit_softcap']!r}")
     _check_rotary(data, source)
+    _check_relative(data, source)
     floats = {key: float(data[key]) for key in data
               if key.startswith("rotary_") and isinstance(Config.__dataclass_fields__[key]
                                                          .default, float)}
@@ -303,6 +310,24 @@ def _check_rotary(data: dict, source: str) -> None:
                                 <= float(data.get("rotary_low_freq_factor", 1.0))):
         raise ConfigError(f"{source}: 'rotary_high_freq_factor' must be larger than "
                           "'rotary_low_freq_factor'")
+
+
+def _check_relative(data: dict, source: str) -> None:
+    """:class:`ConfigError` unless the relative-position options are in range and go with
+    ``relative_bias``."""
+    keys = [key for key in ("relative_buckets", "relative_max_distance") if key in data]
+    if keys and not data.get("relative_bias", False):
+        raise ConfigError(f"{source}: '{keys[0]}' needs relative_bias = true")
+    buckets = data.get("relative_buckets", 32)
+    least = 4 if not data.get("causal", False) else 2
+    if buckets < least or buckets % 2:
+        raise ConfigError(f"{source}: 'relative_buckets' must be an even number >= {least} "
+                          f"(half of each direction's exact offsets), got {buckets!r}")
+    exact = buckets // (4 if least == 4 else 2)
+    distance = data.get("relative_max_distance", 128)
+    if distance <= exact:
+        raise ConfigError(f"{source}: 'relative_max_distance' must exceed the {exact} exact "
+                          f"offsets, got {distance!r}")
 
 
 def load(path: str | Path) -> Config:

@@ -55,6 +55,8 @@ def describe(config: Config | Program) -> tuple[str, str]:
 TERM_NOTES = {
     "rotary": "rotary embeddings turn Q and K by a different angle at each position, so a "
               "block through W_Q or W_K is no single Kronecker product per sample",
+    "relative_bias": "T5's relative position bias adds a learned table per offset to the "
+                     "scores: the paper's score-level objects gain its blocks",
     "logit_softcap": "soft-capping puts cap * tanh(T / cap) between the scores and the "
                      "softmax: the paper's score-level objects gain its derivatives",
     "layer_scale": "LayerScale multiplies each branch by a learned vector, a factor inside "

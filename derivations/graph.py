@@ -79,6 +79,8 @@ class Assign:
     #: the rotary table's scaling: (kind, factor, original length, low, high, beta fast,
     #: beta slow, amplitude), see :func:`.attention.rotary_scaling`
     scaling: tuple | None = None
+    #: the relative-position buckets' (max distance, bidirectional)
+    relative: tuple | None = None
     sublayer: str = ""  # the part of the architecture it belongs to (for documents)
     #: closed-form local derivative rules (a primitive such as the row softmax); the
     #: calculus uses them instead of the product rule on ``expr``
@@ -184,6 +186,18 @@ class Graph:
                    self.index(chunks, "t"), self.index(half, "m"))
         tensor = self.declare(name, indices, False, role="constant")
         self._append(tensor, Expr([], indices), reduction="rotary", base=base, scaling=scaling)
+        return tensor
+
+    def relative_buckets(self, name: str, length: sp.Symbol, max_distance: int,
+                         bidirectional: bool) -> Tensor:
+        """A constant ``name[i, j, u]`` (``length × length × n_u``): 1 where ``u`` is the bucket
+        of the offset ``j - i`` (T5's: the nearest ``n_u/2`` offsets, or ``n_u/4`` each way when
+        ``bidirectional``, exactly, farther ones in logarithmic bins up to ``max_distance``),
+        0 elsewhere."""
+        indices = (self.index(length, "i"), self.index(length, "j"), self.index(sizes.n_u, "u"))
+        tensor = self.declare(name, indices, False, role="constant")
+        self._append(tensor, Expr([], indices), reduction="relative",
+                     relative=(max_distance, bidirectional))
         return tensor
 
     def row_weights(self, name: str, length: sp.Symbol, kind: str) -> Tensor:

@@ -17,4 +17,5 @@ n_2 = sp.Symbol("n_2", positive=True, integer=True)  # the two halves a rotary p
 n_r = sp.Symbol("n_r", positive=True, integer=True)  # chunks of d_r a head spans, partial rotary
 p = sp.Symbol("p", positive=True, integer=True)      # input features of an embedding
 c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a head
+n_u = sp.Symbol("n_u", positive=True, integer=True)  # relative-position buckets (a constant)
 n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1

@@ -105,6 +105,17 @@ VARIANTS = {
                           'affine = true\neps = 1e-6\nheads = 2\ncausal = true\n'
                           'out_proj = true\nvalue_width = "d_k"\nrotary = true\n'
                           'activation = "gelu_tanh"\nffn_gate = true'),
+    # T5's relative position bias: encoder (both directions), decoder (causal), grouped heads
+    "t5_encoder_block": ('norm = "rmsnorm"\nnorm_position = "pre"\naffine = true\n'
+                         'eps = 1e-6\nheads = 2\nout_proj = true\nvalue_width = "d_k"\n'
+                         'attention_scale = 1.0\nrelative_bias = true\nrelative_buckets = 8\n'
+                         'relative_max_distance = 6'),
+    "attention_relative_causal": ('kind = "self_attention"\ncausal = true\n'
+                                  'relative_bias = true\nrelative_buckets = 6\n'
+                                  'relative_max_distance = 5'),
+    "attention_relative_gqa": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
+                               'out_proj = true\nrelative_bias = true\n'
+                               'relative_buckets = 8\nrelative_max_distance = 4'),
     # heads after pooling: a norm of the pooled row (timm's fc_norm), BERT's pooler
     "head_pooled_norm": ('kind = "head"\npooling = "mean"\npooled_norm = true\naffine = true\n'
                          'eps = 1e-6\nloss = "cross_entropy"'),
@@ -125,6 +136,9 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
 DIMS_OF.update(neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
                phi_partial_rotary={"L": 3, "d": 8, "d_k": 10, "d_ff": 5},
                rotary_dynamic_ntk={"L": 5, "d": 4, "d_k": 6, "d_ff": 7},
+               t5_encoder_block={"L": 7, "d": 4, "d_k": 5, "d_ff": 3},
+               attention_relative_causal={"L": 7, "d": 4, "d_k": 5, "d_ff": 3},
+               attention_relative_gqa={"L": 7, "d": 8, "d_k": 6, "d_ff": 3},
                head_pooled_norm={**DIMS, "c": 6}, bert_pooler_head={**DIMS, "c": 6})
 
 
@@ -267,6 +281,11 @@ def test_custom_loss_module_names_its_loss(variant):
      "'affine' sets the norm of a head's pooled row; it needs pooled_norm = true"),
     ({"kind": "head", "pooler": True}, "'pooler' acts on the pooled row; it needs pooling"),
     ({"kind": "block", "pooled_norm": True}, "'pooled_norm' applies to kind head"),
+    ({"kind": "block", "relative_buckets": 8}, "'relative_buckets' needs relative_bias = true"),
+    ({"kind": "block", "relative_bias": True, "relative_buckets": 7},
+     "'relative_buckets' must be an even number >= 4"),
+    ({"kind": "block", "relative_bias": True, "relative_buckets": 8,
+      "relative_max_distance": 2}, "'relative_max_distance' must exceed the 2 exact offsets"),
     ({"kind": "block", "rotary": True, "rotary_scaling": "ntk"},
      "'rotary_scaling' must be one of none, linear, dynamic, llama3, yarn"),
 ])
@@ -362,3 +381,28 @@ def _load_module_from(source: str, folder):
     file = folder / "rotary_module.py"
     file.write_text(source)
     return _load_module(file, f"rotary_module_{folder.name}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_relative_buckets_are_t5s(tmp_path, causal):
+    """The generated bucket table and the reference's are T5's own
+    ``_relative_position_bucket``, at offsets past the exact ones and past the largest."""
+    pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from curvgap.derivations.attention import _buckets
+
+    L, buckets, distance = 40, 12, 20
+    body = (f'kind = "self_attention"\ncausal = {str(causal).lower()}\nrelative_bias = true\n'
+            f'relative_buckets = {buckets}\nrelative_max_distance = {distance}\n')
+    path = tmp_path / "v.toml"
+    path.write_text('name = "v"\n' + body)
+    config = load(path)
+    module = _load_module_from(render(derive(config), backend_named("torch")), tmp_path)
+    offset = torch.arange(L)[None, :] - torch.arange(L)[:, None]
+    expected = T5Attention._relative_position_bucket(offset, bidirectional=not causal,
+                                                     num_buckets=buckets, max_distance=distance)
+    ns = {"X": torch.zeros(1, dtype=torch.float64)}
+    table = module._relative_buckets(ns, L, buckets, distance, not causal)
+    assert torch.equal(table.argmax(-1), expected) and torch.equal(table.sum(-1), torch.ones(L, L, dtype=torch.float64))
+    assert torch.equal(_buckets(config, L), expected)

@@ -206,6 +206,10 @@ class ArrayPrinter(PythonCodePrinter):
                 f"{self._print(node.chunks)}, {self._print(node.half)}, {node.base!r}, "
                 f"{node.scaling!r})")
 
+    def _print_RelativeBuckets(self, node: ir.RelativeBuckets) -> str:
+        return (f"{node.result} = _relative_buckets(ns, {self._print(node.length)}, "
+                f"{self._print(node.buckets)}, {node.max_distance!r}, {node.bidirectional!r})")
+
     def _print_RowWeights(self, node: ir.RowWeights) -> str:
         return f"{node.result} = _row_weights(ns, {self._print(node.length)}, {node.kind!r})"
 

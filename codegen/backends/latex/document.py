@@ -151,6 +151,12 @@ class Builder:
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
                            "the rotary rotations (a constant; $n_2 = 2$ halves of a head)",
                            note)
+        if assign.reduction == "relative":
+            i, j, u = (printer.index_name(k) for k in target.indices)
+            lines = [rf"\delta_{{{u}\, \operatorname{{bucket}}({j} - {i})}}"]
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+                           "the relative-position buckets (a constant; T5's, up to "
+                           f"distance {assign.relative[0]})", note)
         if assign.reduction in ("rows_mean", "rows_first", "rows_rest"):
             o, i = (printer.index_name(k) for k in target.indices)
             lines = [{"rows_mean": r"\frac{1}{L}", "rows_first": rf"\delta_{{{i} 0}}",
