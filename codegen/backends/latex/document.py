@@ -144,12 +144,17 @@ class Builder:
                            "the causal mask (a constant)", note)
         if assign.reduction == "rotary":
             i, s_, t, m = (printer.index_name(k) for k in target.indices)
-            angle = rf"{i}\, {assign.base:g}^{{-{m}/d_{{r}}}}"
+            kind = assign.scaling[0] if assign.scaling else "none"
+            angle = (rf"{i}\, {assign.base:g}^{{-{m}/d_{{r}}}}" if kind == "none"
+                     else rf"{i}\, \omega_{{{m}}}")
             lines = [rf"\cos({angle})\, \delta_{{{s_}{t}}} + \sin({angle})\, "
                      rf"\epsilon_{{{s_}{t}}}, \quad \epsilon = "
                      r"\begin{pmatrix} 0 & -1 \\ 1 & 0 \end{pmatrix}"]
             return Formula(lhs, lines, symbol, None, _size_text(target.shape),
-                           "the rotary rotations (a constant; $n_2 = 2$ halves of a head)",
+                           "the rotary rotations (a constant; the first two chunks of a head "
+                           "turn, any others are the identity"
+                           + ("" if kind == "none" else
+                              f"; $\\omega_m$ the {kind} scaling's frequencies") + ")",
                            note)
         if assign.reduction == "relative":
             i, j, u = (printer.index_name(k) for k in target.indices)
