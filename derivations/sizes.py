@@ -1,5 +1,5 @@
 """The size symbols: batch, sequence length, widths, heads, rotary halves, input features,
-classes."""
+classes, and the rows of a parameter a chunked diagonal takes at once."""
 
 import sympy as sp
 
@@ -17,3 +17,4 @@ n_2 = sp.Symbol("n_2", positive=True, integer=True)  # the two halves a rotary p
 p = sp.Symbol("p", positive=True, integer=True)      # input features of an embedding
 c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a head
 n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1
+R = sp.Symbol("R", positive=True, integer=True)      # rows of a parameter taken at once
