@@ -75,7 +75,8 @@ class DiagonalCost:
     in all, over every sample and source part) were taken, and ``passes`` counts, by kind
     (``"jvp"``, ``"hvp"``, ``"gnvp"``, ``"vjp"``), the passes of one column through one
     part; the parts' own diagonals took ``slices`` calls of a few rows of a parameter on one
-    sample each."""
+    sample each. ``dense_bytes`` is what the dense route holds (it is taken when that fits
+    the budget)."""
 
     route: str
     samples: int
@@ -85,6 +86,7 @@ class DiagonalCost:
     columns: int = 0
     passes: dict[str, int] = field(default_factory=dict)
     slices: int = 0
+    dense_bytes: int = 0
 
     def add(self, kind: str, part: int, count: int) -> None:
         """Count ``count`` columns' passes of ``kind`` through part ``part``."""
@@ -507,14 +509,15 @@ class Chain:
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
-        if chunk is None and self._dense_bytes(layers, inputs, chosen, lowest,
-                                               to_input) <= budget:
+        dense = self._dense_bytes(layers, inputs, chosen, lowest, to_input)
+        if chunk is None and dense <= budget:
             self.diagonal_cost = DiagonalCost("dense", X.shape[0], self.depth)
             pieces, diag_X = self._diagonal_dense(layers, inputs, g, target, chosen, lowest,
                                                   to_input, part)
         else:
             pieces, diag_X = self._diagonal_chunked(layers, inputs, g, target, chosen,
                                                     lowest, to_input, part, budget, chunk)
+        self.diagonal_cost.dense_bytes = dense
         if to_input:
             return self._cast(diag_X, like)
         return self._cast(self._cat([pieces[k] for k in range(lowest, self.depth)
