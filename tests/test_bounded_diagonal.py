@@ -164,3 +164,20 @@ def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
     assert relative(torch.as_tensor(each_X), in_X) <= 1e-12
     for name, value in mean.items():
         assert relative(torch.as_tensor(each[name]).mean(0), value) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_a_stack_in_chunks_agrees_with_the_dense_route(backend):
+    stack = Chain([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], backend)
+    generator = torch.Generator().manual_seed(6)
+    shapes = stack.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
+    params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7
+              + (0.5 if len(shape) == 1 else 0.0) for name, shape in shapes.items()}
+    X, T = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(2))
+    params, X, T = (to_backend(backend, v) for v in (params, X, T))
+    for wrt in (None, "X", ["1.W_1", "2.gamma_1"]):
+        dense = torch.as_tensor(stack.diagonal(params, X, T, wrt=wrt))
+        assert stack.diagonal_cost.route == "dense"
+        chunked = torch.as_tensor(stack.diagonal(params, X, T, wrt=wrt, chunk=2))
+        assert stack.diagonal_cost.route == "chunked"
+        assert relative(chunked, dense) <= 1e-10
