@@ -509,7 +509,7 @@ class Chain:
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
-        dense = self._dense_bytes(layers, inputs, chosen, lowest, to_input)
+        dense = self._dense_bytes(layers, inputs, chosen, lowest)
         if chunk is None and dense <= budget:
             self.diagonal_cost = DiagonalCost("dense", X.shape[0], self.depth)
             pieces, diag_X = self._diagonal_dense(layers, inputs, g, target, chosen, lowest,
@@ -523,12 +523,13 @@ class Chain:
         return self._cast(self._cat([pieces[k] for k in range(lowest, self.depth)
                                      if chosen[k]]), like)
 
-    def _dense_bytes(self, layers: list[dict], inputs: list[Array], chosen: list[list[str]],
-                     lowest: int, to_input: bool) -> int:
-        """What the dense route holds at its largest: per part the curvature ``M``, its
-        input Jacobian and the next ``M`` (``3 B n_Z²``) and the parameter Jacobian with its
-        product (``2 B n_Z n_θ``), in bytes."""
-        batch, largest = inputs[0].shape[0], 0
+    def _dense_bytes(self, layers: list[dict], inputs: list[Array],
+                     chosen: list[list[str]], lowest: int) -> int:
+        """What the dense route holds at its largest, in bytes: per part the curvature ``M``,
+        its input Jacobian and the next ``M`` (``3 B n_Z²``) and the parameter Jacobian with
+        its product (``2 B n_Z n_θ``), or the tangents of the part's own diagonal of a
+        parameter whole (all its rows at once), if more."""
+        batch, largest, own = inputs[0].shape[0], 0, 0
         for k in range(lowest, self.depth):
             outputs = (int(np.prod(inputs[k + 1].shape[1:])) if k + 1 < self.depth else
                        int(np.prod(self.modules[k].forward(
@@ -537,7 +538,10 @@ class Chain:
             n_in = int(np.prod(inputs[k].shape[1:]))
             n_theta = sum(int(np.prod(layers[k][name].shape)) for name in chosen[k])
             largest = max(largest, 2 * outputs ** 2 + n_in ** 2 + 2 * outputs * n_theta)
-        return batch * largest * _itemsize(inputs[0])
+            for name in chosen[k]:
+                rows, _, held = self.modules[k].diagonal_row_layout(layers[k], inputs[k], name)
+                own = max(own, rows * held)
+        return max(batch * largest, own) * _itemsize(inputs[0])
 
     def _diagonal_dense(self, layers: list[dict], inputs: list[Array], g: list,
                         target: Array, chosen: list[list[str]], lowest: int, to_input: bool,
@@ -609,7 +613,7 @@ class Chain:
         diag_X = []
         steps = batch * sum(-(-sizes[j] // (2 * chunk)) for j in sources)
         with _progress(steps, "diagonal") as bar:
-            for b in range(batch):
+            for b in range(batch if sources else 0):
                 saved = self._tiled_saved(layers, inputs, b, 2 * chunk, bottom)
                 tiled = self._tiled_targets(g, target, b, 2 * chunk, sources)
                 value_X = None
@@ -621,6 +625,7 @@ class Chain:
                         bar.update(1)
                 if to_input:
                     diag_X.append(value_X)
+        saved = tiled = None  # the copies' forward values and targets are not read again
         pieces: list = [None] * self.depth
         for k in range(lowest, self.depth):
             if chosen[k]:
