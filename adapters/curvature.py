@@ -34,7 +34,7 @@ from ..codegen.cache import module_for
 from ..data import is_batches, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
-from ..models.chain import overflowed
+from ..models.chain import DiagonalCost, overflowed
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
@@ -65,19 +65,21 @@ class _Read:
     def chained(self) -> bool:
         return len(self.trace.programs) > 1
 
-    def runner(self, scope: str = "products") -> ModuleType | Chain:
+    def runner(self, scope: str = "products", chained: bool = False) -> ModuleType | Chain:
         """What computes this module's derivatives, derived for ``scope``, generated on first
         use: for ``"products"`` (loss, gradient, HVP and GN products) the chain of its parts'
         modules (one part or several); for ``"blocks"`` (Hessian blocks, Jacobians,
-        diagonals too) the generated module of its one part, or the chain of its parts."""
-        if scope not in self.runners:
+        diagonals too) the generated module of its one part, or the chain of its parts (of
+        one part too when ``chained``: a diagonal in bounded memory)."""
+        key = f"{scope} chained" if chained else scope
+        if key not in self.runners:
             programs = [dataclasses.replace(p, scope=scope) for p in self.trace.programs]
-            if len(programs) == 1 and scope != "products":
-                self.runners[scope] = module_for(programs[0])
+            if len(programs) == 1 and scope != "products" and not chained:
+                self.runners[key] = module_for(programs[0])
             else:
-                self.runners[scope] = Chain([(prefix[:-1], program) for prefix, program in
-                                             zip(self.prefixes, programs)])
-        return self.runners[scope]
+                self.runners[key] = Chain([(prefix[:-1], program) for prefix, program in
+                                           zip(self.prefixes, programs)])
+        return self.runners[key]
 
 
 class Curvature:
@@ -96,6 +98,9 @@ class Curvature:
         self.batch_dim = 0 if _batch_first(module) else 1
         self.names = [name for name, _ in module.named_parameters()]
         self._reads: dict[tuple, _Read] = {}
+        #: what the last :meth:`diagonal` of a chain of parts cost
+        #: (:class:`~curvgap.models.chain.DiagonalCost`; None for a single layer's)
+        self.diagonal_cost: DiagonalCost | None = None
         self._fingerprint = fingerprint(module)
 
     # -- reading the module ----------------------------------------------------------------------
@@ -397,18 +402,33 @@ class Curvature:
 
     @over_batches(state=lambda self: self.module)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",
+                 max_memory: int | None = None, chunk: int | None = None,
                  **inputs: Any) -> torch.Tensor:
         """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the module's
-        order; ``wrt="X"``: per sample ``(B, n_X)``."""
+        order; ``wrt="X"``: per sample ``(B, n_X)``. For a model read as several parts,
+        ``max_memory`` (bytes, default 2 GiB) bounds what it holds at once: per sample the
+        curvature ``M`` of a part's output (``(L·d)²``) is then never formed, its columns go
+        through the model in chunks (``chunk`` fixes how many; see
+        :meth:`curvgap.models.Chain.diagonal`); what it cost is kept in
+        :attr:`diagonal_cost`. A single layer's diagonal is derived whole, or with
+        ``max_memory`` or ``chunk`` given a few rows of each parameter at a time."""
         X, T, read, params = self._prepared(X, T, inputs)
+        runner = read.runner("blocks")
+        if not isinstance(runner, Chain) and (max_memory is not None or chunk is not None):
+            runner = read.runner("blocks", chained=True)
+        bounds = {} if not isinstance(runner, Chain) else {"max_memory": max_memory,
+                                                           "chunk": chunk}
         if isinstance(wrt, str) and wrt == "X":
-            return read.runner("blocks").diagonal(params, X, T, wrt="X", part=part)
-        pieces, used, n = self._selection(read, wrt)
-        if not used:
-            return X.new_zeros(n)
-        self._untied(pieces, "diagonal")
-        values = read.runner("blocks").diagonal(params, X, T, wrt=used, part=part)
-        return self._spread(values, pieces, used)
+            value = runner.diagonal(params, X, T, wrt="X", part=part, **bounds)
+        else:
+            pieces, used, n = self._selection(read, wrt)
+            if not used:
+                return X.new_zeros(n)
+            self._untied(pieces, "diagonal")
+            value = self._spread(runner.diagonal(params, X, T, wrt=used, part=part, **bounds),
+                                 pieces, used)
+        self.diagonal_cost = runner.diagonal_cost if isinstance(runner, Chain) else None
+        return value
 
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
                         wrt_j: str | None = None, part: str = "full",

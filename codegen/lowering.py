@@ -36,7 +36,7 @@ from . import ir
 B = sizes.B
 NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
            sizes.d_v: 8, sizes.g: 1, sizes.r: 2, sizes.d_r: 8, sizes.n_2: 2, sizes.n_r: 4,
-           sizes.n_u: 8, sizes.p: 16, sizes.c: 10, sizes.n_1: 1}
+           sizes.n_u: 8, sizes.p: 16, sizes.c: 10, sizes.n_1: 1, sizes.R: 4}
 LETTERS = [c for c in string.ascii_letters if c != "b"]
 
 
@@ -500,11 +500,13 @@ def free_temporaries(statements: list, keep: set[str]) -> list:
 
 def nominal_sizes(der: Derivation) -> dict[sp.Symbol, int]:
     """The sizes contraction orders are chosen for: a program's own (its sequence length
-    taken as 128), or a config's :data:`NOMINAL`."""
+    taken as 128, the rows of a diagonal on rows as :data:`NOMINAL`'s), or a config's
+    :data:`NOMINAL`."""
     if not isinstance(der.config, Program):
         return NOMINAL
-    return {B: 8, **{symbol: dict(der.config.sizes)[name] or 128
-                     for name, symbol in der.config.dims().items()}}
+    return {B: 8, sizes.R: NOMINAL[sizes.R],
+            **{symbol: dict(der.config.sizes)[name] or 128
+               for name, symbol in der.config.dims().items()}}
 
 
 def lower(der: Derivation) -> list[Function]:

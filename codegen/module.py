@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from ..derivations import sizes
 from ..derivations.config import Config
 from ..derivations.description import describe, structure
 from ..derivations.model import Derivation
@@ -19,9 +20,12 @@ MODULE_SOURCES = ("module.py", "lowering.py", "calls.py", "ir.py", "backends/arr
 
 #: What each kind of group computes, by the prefix of its name (``V``, ``W`` the variables).
 _PURPOSES = (
+    ("loss_hessian_rows_", "shared products of the diagonals on the rows rows_{0} selects"),
     ("loss_hessian_full_", "loss-Hessian block ({0}, {1}) whole"),
     ("loss_hessian_", "loss-Hessian block ({0}, {1}), Gauss–Newton and functional parts"),
+    ("loss_tangent_rows_", "tangents along the rows rows_{0} selects of the loss nodes"),
     ("loss_tangent_", "tangents along {0} of the loss nodes"),
+    ("tangent_rows_", "tangents along the rows rows_{0} selects of the network's nodes"),
     ("tangent_", "tangents along {0} of the network's nodes"),
     ("jacobian_", "the Jacobian ∂Z/∂{0}"),
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
@@ -33,9 +37,14 @@ _PURPOSES = (
     ("kronecker_full_", "the Kronecker factors of the loss-Hessian block ({0}, {1})"),
     ("diagonal_gauss_newton_", "the diagonal of the Gauss–Newton block ({0}, {0})"),
     ("diagonal_functional_", "the diagonal of the functional block ({0}, {0})"),
+    ("diagonal_rows_gauss_newton_", "the diagonal of the Gauss–Newton block ({0}, {0}) "
+     "on the rows rows_{0} selects"),
+    ("diagonal_rows_functional_", "the diagonal of the functional block ({0}, {0}) on the "
+     "rows rows_{0} selects"),
     ("hvp_", "Hessian-vector products in {0}"),
     ("jvp", "the output's directional derivative along every variable"),
     ("gradient", "the loss gradient ∂ℓ/∂V of every variable"),
+    ("per_sample_gradient", "each sample's own loss gradient ∂ℓ_b/∂V of every variable"),
     ("adjoints", "adjoints ∂ℓ/∂node of every node (reverse mode)"),
     ("loss_adjoints", "adjoints ∂ℓ/∂node of the loss's nodes and of Z (reverse mode)"),
     ("forward", "the forward pass"),
@@ -109,6 +118,17 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         return list(external.get(tensor.name, [str(s) for s in tensor.shape]))
 
     output_shape = list(external.get("Z", [str(s) for s in der.output.shape]))
+    # per parameter, the shapes of the tangents its diagonal on rows holds per sample and row
+    row_tangents: dict[str, list[list[str]]] = {}
+    for function in functions:
+        for prefix in ("tangent_rows_", "loss_tangent_rows_"):
+            if function.group.startswith(prefix):
+                shapes = row_tangents.setdefault(function.group[len(prefix):], [])
+                for name in function.writes:  # those along the rows (the rest: fixed)
+                    dims = [str(s) for s in der.graph.tensors[name].shape]
+                    if str(sizes.R) in dims:
+                        dims.remove(str(sizes.R))
+                        shapes.append(dims)
     constants = [t for t in der.graph.tensors.values() if t.role == "constant"
                  and not any(a.target is t for a in der.graph.assigns)]
     return dict(
@@ -129,12 +149,17 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         jacobian=der.nodes("jacobian"), output_hessian=der.nodes("output_hessian"),
         loss_hessian=der.nodes("loss_hessian", ("gauss_newton", "functional")),
         loss_hessian_full=der.nodes("loss_hessian"), gradient=der.nodes("gradient"),
+        per_sample_gradient=der.nodes("per_sample_gradient"),
         hvp=der.nodes("hvp"),
         directions=der.nodes("hvp", key="direction"),
         jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
         joint_gradient=der.nodes("joint_gradient")["X"],
         joint_directions=der.nodes("hvp_joint", key="direction"),
         diagonal=der.nodes("diagonal", ("gauss_newton", "functional")),
+        diagonal_rows=der.nodes("diagonal_rows", ("gauss_newton", "functional")),
+        row_directions=der.nodes("diagonal_rows", key="direction", parts=(
+            "gauss_newton",)),
+        row_tangents=row_tangents,
         joint_gnvp=der.nodes("gnvp_joint"), gnvp=der.nodes("gnvp_params"),
         kronecker=der.structured,
         functions=functions, output=der.output.name,

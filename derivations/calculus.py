@@ -164,6 +164,20 @@ def seed(graph: Graph, variable: Tensor, hint: str = "p") -> Tangents:
     return Tangents(indices, {variable.name: identity.with_free(variable.indices + indices)})
 
 
+def row_seed(graph: Graph, variable: Tensor, rows: Tensor, hint: str = "p") -> Tangents:
+    """The tangent of ``variable`` along the columns of ``rows`` (``(n_0, R)``) on its first
+    axis and along its own entries on the others: ``rows[a_0, r] Π δ``, directions
+    ``(r, a_1', …)``. With ``rows`` columns of the identity, derivatives in these directions
+    are those in the entries of the rows they select."""
+    first = graph.index(rows.indices[1].dim, "r")
+    rest = tuple(graph.index(i.dim, hint) for i in variable.indices[1:])
+    seed = Expr([Term(sp.Integer(1), (Ref(rows.name, (variable.indices[0], first)),
+                                      *(Delta(a, b) for a, b in zip(variable.indices[1:],
+                                                                    rest))))])
+    return Tangents((first, *rest),
+                    {variable.name: seed.with_free(variable.indices + (first, *rest))})
+
+
 def _check_intermediates(assigns: list) -> None:
     """A primitive's intermediates carry no derivative: only the primitive may read them."""
     internal = {a.target.name for a in assigns if a.internal}

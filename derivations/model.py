@@ -17,11 +17,15 @@ derives, as groups of index-form assignments (each group becomes one generated f
                             (``V = X``: per sample, with ``W = X`` or a parameter);
 ``loss_hessian_full_V_W``   the same block whole (their sum, sharing their products);
 ``gradient``                ``∂ell/∂V`` for every variable, as dense arrays;
+``per_sample_gradient``     each sample's own ``∂ell_b/∂V`` for every variable, ``(B, *shape(V))``;
 ``hvp_params``, ``hvp_X``   Hessian-vector products: forward mode over the adjoints.
 ``diagonal_<part>_V``       the diagonal of the loss Hessian block ``(V, V)`` (``part``
                             ``gauss_newton`` or ``functional``), shaped as ``V``: the
                             block's expression with its two directions identified, so the
                             block itself is never formed;
+``diagonal_rows_<part>_V``  the same for the rows of a parameter that the columns of
+                            ``rows_V`` select, ``(R, *shape(V)[1:])`` (with its own
+                            ``tangent_rows_V``, ``loss_tangent_rows_V``);
 ``kronecker_<part>_V_W``    the factors of a block over two matrix parameters that is exactly
                             a sum of Kronecker products ``Σ_k A_k ⊗ B_k`` (:mod:`.kronecker`;
                             ``structured`` lists them, ``None`` marking an identity);
@@ -362,6 +366,8 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
                     g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
         if v == w:
             _diagonals(der, v, requires, tangents[v].indices, renamed, blocks, mean)
+            if mean:
+                _row_diagonals(der, first, adjoints)
         if mean and all(len(t.indices) == 2 and t.name not in der.external_shapes
                         for t in (first, second)):
             _kronecker_factors(der, v, w, requires, {**blocks, "full": whole})
@@ -379,6 +385,39 @@ def _diagonals(der: Derivation, v: str, requires: tuple[str, ...],
             diagonal = Expr([t.renamed(identified) for t in block.terms], indices)
             der.add("diagonal", (v,), der.graph.output(
                 f"diagonal_{part}_{v}", diagonal.simplified(), mean_over_batch=mean), part)
+
+
+def _row_diagonals(der: Derivation, var: Tensor, adjoints: dict[str, Expr]) -> None:
+    """Groups ``tangent_rows_V``, ``loss_tangent_rows_V`` and ``diagonal_rows_<part>_V``:
+    the diagonal of each part of the block ``(V, V)`` in the directions of the columns of
+    ``rows_V`` (``(n_0, R)``) on ``V``'s first axis, shaped ``(R, *shape(V)[1:])``; with
+    columns of the identity, the diagonal of the ``R`` rows they select, whose tangents hold
+    ``R/n_0`` of the whole diagonal's (a large parameter's diagonal in bounded memory)."""
+    g, v = der.graph, var.name
+    forward, loss = g.in_group("forward"), g.in_group("loss")
+    rows = g.input(f"rows_{v}", (var.indices[0].dim, sizes.R), role="direction",
+                   batched=False)
+    start = calculus.row_seed(g, var, rows)
+    directions = (start.indices, ())
+    with der.add_group(f"tangent_rows_{v}", ("forward",), directions):
+        tangents = calculus.propagate(g, forward, start, f"rows_{v}")
+    with der.add_group(f"loss_tangent_rows_{v}", ("loss", f"tangent_rows_{v}"), directions):
+        calculus.propagate(g, loss, tangents, f"rows_{v}")
+    renamed = _second_direction(g, tangents, tangents, True)
+    requires = ("adjoints", f"loss_tangent_rows_{v}")
+    blocks = {}
+    with der.add_group(f"loss_hessian_rows_{v}", requires,
+                       (start.indices, tuple(renamed[i] for i in start.indices))):
+        for part, assigns in (("gauss_newton", loss), ("functional", forward)):
+            blocks[part] = calculus.hessian_by_adjoints(g, assigns, adjoints, tangents,
+                                                        tangents, renamed)
+    identified = {renamed[i]: i for i in start.indices}
+    for part, block in blocks.items():
+        with der.add_group(f"diagonal_rows_{part}_{v}", requires, directions):
+            diagonal = Expr([t.renamed(identified) for t in block.terms], start.indices)
+            der.add("diagonal_rows", (v,), g.output(
+                f"diagonal_rows_{part}_{v}", diagonal.simplified(), mean_over_batch=True),
+                part, direction=rows.name)
 
 
 def _kronecker_factors(der: Derivation, v: str, w: str, requires: tuple[str, ...],
@@ -405,11 +444,17 @@ def _kronecker_factors(der: Derivation, v: str, w: str, requires: tuple[str, ...
 
 def _gradients(der: Derivation, adjoints: dict[str, Expr]) -> None:
     """Group ``gradient``: ``∂ell/∂V`` of every parameter (averaged over the batch) and of
-    ``X`` (per sample), shaped as the variable."""
+    ``X`` (per sample), shaped as the variable; group ``per_sample_gradient``: each
+    sample's own ``∂ell_b/∂V`` of every variable, ``(B, *shape(V))`` (what a chain's exact
+    diagonal multiplies entry by entry)."""
     with der.add_group("gradient", ("adjoints",)):
         for var in (*der.params, der.X):
             der.add("gradient", (var.name,), der.graph.output(
                 f"gradient_{var.name}", adjoints[var.name], mean_over_batch=var is not der.X))
+    with der.add_group("per_sample_gradient", ("adjoints",)):
+        for var in (*der.params, der.X):
+            der.add("per_sample_gradient", (var.name,), der.graph.output(
+                f"per_sample_gradient_{var.name}", adjoints[var.name]))
 
 
 def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None:

@@ -1,5 +1,5 @@
 """The size symbols: batch, sequence length, widths, heads, rotary halves, input features,
-classes."""
+classes, and the rows of a parameter a chunked diagonal takes at once."""
 
 import sympy as sp
 
@@ -19,3 +19,4 @@ p = sp.Symbol("p", positive=True, integer=True)      # input features of an embe
 c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a head
 n_u = sp.Symbol("n_u", positive=True, integer=True)  # relative-position buckets (a constant)
 n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1
+R = sp.Symbol("R", positive=True, integer=True)      # rows of a parameter taken at once

@@ -33,14 +33,17 @@ target and ``dg_k`` as that target's direction (which adds ``J^T dg_k``):
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..codegen.cache import module_for
 from ..data import over_batches
+from ..data.ranks import current
 from ..derivations.config import Config
 from ..derivations.program import Program
 
@@ -58,6 +61,73 @@ def overflowed(quantity: str, dtype: Any) -> FloatingPointError:
     return FloatingPointError(f"{quantity} has entries that are inf or NaN although every "
                               f"input is finite: the arithmetic overflowed {dtype}; pass "
                               "inputs and parameters of smaller magnitude (or float64)")
+
+
+#: The default bound, in bytes, on what :meth:`Chain.diagonal` holds at once (2 GiB).
+DIAGONAL_MEMORY = 2 * 1024 ** 3
+
+
+@dataclass
+class DiagonalCost:
+    """What one :meth:`Chain.diagonal` call did. ``route`` is ``"dense"`` (``M_k`` formed
+    per sample) or ``"chunked"``; for the chunked route, ``width`` columns went down
+    together, ``chunks`` chunks of ``2·width`` columns of the identity (``columns`` of them
+    in all, over every sample and source part) were taken, and ``passes`` counts, by kind
+    (``"jvp"``, ``"hvp"``, ``"gnvp"``, ``"vjp"``), the passes of one column through one
+    part; the parts' own diagonals took ``slices`` calls of a few rows of a parameter on one
+    sample each. ``dense_bytes`` is what the dense route holds (it is taken when that fits
+    the budget)."""
+
+    route: str
+    samples: int
+    depth: int
+    width: int = 0
+    chunks: int = 0
+    columns: int = 0
+    passes: dict[str, int] = field(default_factory=dict)
+    slices: int = 0
+    dense_bytes: int = 0
+
+    def add(self, kind: str, part: int, count: int) -> None:
+        """Count ``count`` columns' passes of ``kind`` through part ``part``."""
+        self.passes[kind] = self.passes.get(kind, 0) + count
+
+    @property
+    def backward_equivalents(self) -> float:
+        """The passes in whole-model backward passes of one sample (one pass through every
+        part, ``depth`` passes of a column through one part), per sample."""
+        return sum(self.passes.values()) / self.depth / max(self.samples, 1)
+
+
+def _budget(max_memory: Any) -> int:
+    """``max_memory`` checked: a positive number of bytes (default :data:`DIAGONAL_MEMORY`)."""
+    if max_memory is None:
+        return DIAGONAL_MEMORY
+    if isinstance(max_memory, bool) or not isinstance(max_memory, int | float) \
+            or not 1 <= max_memory < float("inf"):
+        raise ValueError(f"max_memory: expected a finite number of bytes >= 1 (such as 2**31) "
+                         f"or None (the default, {DIAGONAL_MEMORY} bytes), got {max_memory!r}")
+    return int(max_memory)
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of an array (a torch tensor or a numpy array); 0 for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return value.nbytes if isinstance(value, np.ndarray) else 0
+
+
+def _itemsize(like: Array) -> int:
+    """The bytes of one entry of ``like``'s dtype."""
+    return like.element_size() if isinstance(like, torch.Tensor) else like.dtype.itemsize
+
+
+def _progress(total: int, what: str) -> tqdm:
+    """A progress bar over ``total`` steps, as the passes over datasets show them: on a
+    terminal after a second, on rank 0 only (``TQDM_DISABLE=1`` turns it off)."""
+    here = current()
+    return tqdm(total=total, desc=f"curvgap {what}", unit="chunk", leave=False, delay=1.0,
+                disable=True if here is not None and here[0] != 0 else None)
 
 
 class Chain:
@@ -98,6 +168,8 @@ class Chain:
                                                                        self.part_constants)
                           for name in names]
         self.depth = len(parts)
+        #: what the last :meth:`diagonal` cost (:class:`DiagonalCost`; None before one)
+        self.diagonal_cost: DiagonalCost | None = None
 
     def parameter_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
         """The shape of every parameter in ``PARAMS`` order for the sizes ``sizes`` (``L``,
@@ -398,18 +470,38 @@ class Chain:
 
     @over_batches()
     def diagonal(self, params: dict[str, Array], X: Array, target: Array,
-                 wrt: str | list[str] | None = None, part: str = "full") -> Array:
+                 wrt: str | list[str] | None = None, part: str = "full",
+                 max_memory: int | None = None, chunk: int | None = None) -> Array:
         """The diagonal of :meth:`loss_hessian` over ``wrt`` (default: all of ``PARAMS``),
         ``(n,)`` in ``PARAMS`` order, or with ``wrt="X"`` per sample ``(B, n_X)``, without
         forming a Hessian block over parameters: per part ``k``, the module's own diagonal
         against its cotangent plus ``mean_b diag(J_θ^T M_k J_θ)``, ``M_k`` the curvature at
-        its output carried down as in :meth:`loss_hessian` (per sample, ``n_Z × n_Z``)."""
+        its output.
+
+        ``max_memory`` (bytes, default :data:`DIAGONAL_MEMORY`, 2 GiB) bounds the work held at
+        once beyond the inputs and the result. Where the dense route fits it (per sample
+        ``M_k``, ``n_Z × n_Z``, and each part's Jacobian ``J_θ``, ``n_Z × n_θ``) it is taken;
+        else ``M_k`` is never formed: per sample, columns ``e_c`` of the identity at each
+        part's input go in chunks through that part's second derivative (``S e_c``, the
+        part's input Hessian against its cotangent, the top part's against the loss), and the
+        pair ``(S e_c, e_c)`` down the parts below it by per-sample transposed Jacobians, whose
+        parameter products ``Σ_c (J^T S e_c) ∘ (J^T e_c)`` sum to ``diag(J^T M J)``; each
+        part's own diagonal is taken a few rows of each parameter at a time. ``chunk`` fixes
+        the columns that go down together (each as a pair, so batches of ``2·chunk``; the
+        route is then the chunked one); by default the most that ``max_memory`` holds. What it
+        cost is kept in :attr:`diagonal_cost` (:class:`DiagonalCost`); a long run shows a
+        progress bar over samples and chunks."""
         if part == "functional":
-            return (self.diagonal(params, X, target, wrt)
-                    - self.diagonal(params, X, target, wrt, "gauss_newton"))
+            return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk)
+                    - self.diagonal(params, X, target, wrt, "gauss_newton", max_memory, chunk))
         if part not in ("full", "gauss_newton"):
             raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
                              f"{part!r}")
+        budget = _budget(max_memory)
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                                  or chunk < 1):
+            raise ValueError(f"chunk: expected a positive int (columns per chunk) or None "
+                             f"(as many as max_memory holds), got {chunk!r}")
         to_input = isinstance(wrt, str) and wrt == "X"
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
         like = X
@@ -417,24 +509,257 @@ class Chain:
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
+        dense = self._dense_bytes(layers, inputs, chosen, lowest)
+        if chunk is None and dense <= budget:
+            self.diagonal_cost = DiagonalCost("dense", X.shape[0], self.depth)
+            pieces, diag_X = self._diagonal_dense(layers, inputs, g, target, chosen, lowest,
+                                                  to_input, part)
+        else:
+            pieces, diag_X = self._diagonal_chunked(layers, inputs, g, target, chosen,
+                                                    lowest, to_input, part, budget, chunk)
+        self.diagonal_cost.dense_bytes = dense
+        if to_input:
+            return self._cast(diag_X, like)
+        return self._cast(self._cat([pieces[k] for k in range(lowest, self.depth)
+                                     if chosen[k]]), like)
+
+    def _dense_bytes(self, layers: list[dict], inputs: list[Array],
+                     chosen: list[list[str]], lowest: int) -> int:
+        """What the dense route holds at its largest, in bytes: per part the curvature ``M``,
+        its input Jacobian and the next ``M`` (``3 B n_Z²``) and the parameter Jacobian with
+        its product (``2 B n_Z n_θ``), or the tangents of the part's own diagonal of a
+        parameter whole (all its rows at once), if more."""
+        batch, largest, own = inputs[0].shape[0], 0, 0
+        for k in range(lowest, self.depth):
+            outputs = (int(np.prod(inputs[k + 1].shape[1:])) if k + 1 < self.depth else
+                       int(np.prod(self.modules[k].forward(
+                           self._sample(k, layers[k], 0, 1),
+                           inputs[k][:1]).shape[1:])))
+            n_in = int(np.prod(inputs[k].shape[1:]))
+            n_theta = sum(int(np.prod(layers[k][name].shape)) for name in chosen[k])
+            largest = max(largest, 2 * outputs ** 2 + n_in ** 2 + 2 * outputs * n_theta)
+            for name in chosen[k]:
+                rows, _, held = self.modules[k].diagonal_row_layout(layers[k], inputs[k], name)
+                own = max(own, rows * held)
+        return max(batch * largest, own) * _itemsize(inputs[0])
+
+    def _diagonal_dense(self, layers: list[dict], inputs: list[Array], g: list,
+                        target: Array, chosen: list[list[str]], lowest: int, to_input: bool,
+                        part: str) -> tuple[list, Array | None]:
+        """The dense route: ``M_k`` per sample carried down as in :meth:`loss_hessian`.
+        Per part its diagonal (or None), and per sample the input's diagonal (or None)."""
         pieces, M = [None] * self.depth, None
+        batch = inputs[0].shape[0]
         for k in range(self.depth - 1, lowest - 1, -1):
             module, names = self.modules[k], chosen[k]
             args = (layers[k], inputs[k], target if k == self.depth - 1 else g[k])
             if names:
-                J_t = self._cat_last([module.jacobian(layers[k], inputs[k], name)
-                                      for name in names])
                 pieces[k] = module.diagonal(*args, wrt=names, part=part)
                 if M is not None:
-                    pieces[k] = pieces[k] + ((M @ J_t) * J_t).sum(axis=(0, 1)) / X.shape[0]
+                    J_t = self._cat_last([module.jacobian(layers[k], inputs[k], name)
+                                          for name in names])
+                    pieces[k] = pieces[k] + ((M @ J_t) * J_t).sum(axis=(0, 1)) / batch
             if k > lowest or to_input:
                 J_X = module.jacobian(layers[k], inputs[k], "X")
                 H_XX = module.loss_hessian(*args, wrt="X", part=part)
                 M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
-        if to_input:
-            return self._cast((M * self._eye(M)).sum(-1), like)
-        return self._cast(self._cat([pieces[k] for k in range(lowest, self.depth)
-                                     if chosen[k]]), like)
+        return pieces, (M * self._eye(M)).sum(-1) if to_input else None
+
+    def _sample(self, k: int, layer: dict[str, Array], b: int, copies: int) -> dict:
+        """Part ``k``'s parameters and constants for ``copies`` copies of sample ``b`` (the
+        constants with a batch axis, ``_BATCHED``, taken at ``b`` and repeated)."""
+        batched = getattr(self.modules[k], "_BATCHED", ())
+        return {name: self._tile(value[b:b + 1], copies) if name in batched else value
+                for name, value in layer.items()}
+
+    def _tile(self, a: Array, copies: int) -> Array:
+        """``a`` (a batch of one) repeated ``copies`` times along its first axis."""
+        if self.backend == "torch":
+            return a.repeat(copies, *([1] * (a.ndim - 1)))
+        return np.repeat(a, copies, axis=0)
+
+    def _unit(self, n: int, start: int, count: int, like: Array) -> Array:
+        """Columns ``start … start + count − 1`` of the ``n × n`` identity as rows,
+        ``(count, n)``; rows past ``n`` are zero."""
+        if self.backend == "torch":
+            E = torch.zeros(count, n, dtype=like.dtype, device=like.device)
+            rows = torch.arange(min(count, n - start), device=like.device)
+        else:
+            E = np.zeros((count, n), dtype=like.dtype)
+            rows = np.arange(min(count, n - start))
+        E[rows, rows + start] = 1
+        return E
+
+    def _diagonal_chunked(self, layers: list[dict], inputs: list[Array], g: list,
+                          target: Array, chosen: list[list[str]], lowest: int,
+                          to_input: bool, part: str, budget: int, chunk: int | None
+                          ) -> tuple[list, Array | None]:
+        """The chunked route (see :meth:`diagonal`): per part its diagonal (or None), and per
+        sample the input's diagonal (or None); :attr:`diagonal_cost` records its sweeps."""
+        top, batch = self.depth - 1, inputs[0].shape[0]
+        bottom = 0 if to_input else lowest
+        # the parts whose input Hessian is a source: every part above the lowest one asked
+        # for (and the lowest too for the input); the Gauss–Newton part has only the top's
+        sources = [j for j in range(top, bottom - 1, -1) if j > lowest or to_input]
+        if part == "gauss_newton":
+            sources = sources[:1] if sources and sources[0] == top else []
+        sizes = [int(np.prod(inputs[j].shape[1:])) for j in range(self.depth)]
+        if chunk is None:
+            chunk = self._chunk_width(layers, inputs, g, target, sources, bottom, chosen,
+                                      to_input, part, budget) if sources else 1
+        cost = DiagonalCost("chunked", batch, self.depth, chunk)
+        self.diagonal_cost = cost
+        totals = [[None] * len(names) for names in chosen]  # Σ over samples, by name
+        diag_X = []
+        steps = batch * sum(-(-sizes[j] // (2 * chunk)) for j in sources)
+        with _progress(steps, "diagonal") as bar:
+            for b in range(batch if sources else 0):
+                saved = self._tiled_saved(layers, inputs, b, 2 * chunk, bottom)
+                tiled = self._tiled_targets(g, target, b, 2 * chunk, sources)
+                value_X = None
+                for j in sources:
+                    for start in range(0, sizes[j], 2 * chunk):
+                        value_X = self._source_chunk(saved, tiled, j, start, 2 * chunk, sizes,
+                                                     inputs[j], chosen, bottom, to_input, part,
+                                                     totals, value_X, cost)
+                        bar.update(1)
+                if to_input:
+                    diag_X.append(value_X)
+        saved = tiled = None  # the copies' forward values and targets are not read again
+        pieces: list = [None] * self.depth
+        for k in range(lowest, self.depth):
+            if chosen[k]:
+                own = self._own_diagonal(layers, inputs, g, target, k, chosen[k], part,
+                                         budget, cost)
+                pieces[k] = self._cat([
+                    value if totals[k][i] is None else value + totals[k][i].reshape(-1) / batch
+                    for i, value in enumerate(own)])
+        stacked = (torch.stack(diag_X) if self.backend == "torch" else np.stack(diag_X)
+                   ) if to_input else None
+        return pieces, stacked
+
+    def _tiled_saved(self, layers: list[dict], inputs: list[Array], b: int, copies: int,
+                     bottom: int) -> list:
+        """Each part's saved forward call from ``bottom`` up, on ``copies`` copies of sample
+        ``b`` (``None`` below ``bottom``)."""
+        saved: list = [None] * self.depth
+        for k in range(bottom, self.depth):
+            saved[k] = self.modules[k].forward_saved(
+                self._sample(k, layers[k], b, copies), self._tile(inputs[k][b:b + 1],
+                                                                  copies))[1]
+        return saved
+
+    def _tiled_targets(self, g: list, target: Array, b: int, copies: int,
+                       sources: list[int]) -> dict[int, Array]:
+        """The target each source part's second derivative is taken against, ``copies``
+        copies of sample ``b``'s: the loss's target for the top part, the cotangent of its
+        output for the others."""
+        top = self.depth - 1
+        return {j: self._tile((target if j == top else g[j])[b:b + 1], copies)
+                for j in sources}
+
+    def _source_chunk(self, saved: list, tiled: dict[int, Array], j: int, start: int,
+                      width: int, sizes: list[int], like: Array, chosen: list[list[str]],
+                      bottom: int, to_input: bool, part: str, totals: list[list],
+                      value_X: Array | None, cost: DiagonalCost) -> Array | None:
+        """One chunk of ``width`` columns of the identity at the input of source part ``j``
+        (from column ``start``): ``S E`` by part ``j``'s per-sample input products, then the
+        pairs ``(S e_c, e_c)``, half the chunk at a time, down to part ``bottom``, adding
+        ``Σ_c (J^T S e_c) ∘ (J^T e_c)`` into ``totals`` (per part and parameter) and into
+        the input's diagonal, which is returned (None while nothing has reached it)."""
+        module = self.modules[j]
+        shape = tuple(like.shape[1:])
+        E = self._unit(sizes[j], start, width, like)
+        module.jvp_saved(saved[j], None, E.reshape(width, *shape))
+        if part == "gauss_newton":
+            SE = module.gnvp_saved(saved[j], tiled[j])[1]
+            cost.add("gnvp", j, width)
+        else:
+            SE = module.hvp_saved(saved[j], tiled[j], None)[1]
+            cost.add("hvp", j, width)
+        cost.add("jvp", j, width)
+        cost.columns += min(width, sizes[j] - start)
+        cost.chunks += 1
+        half = width // 2
+        for h in range(2):
+            # the pairs (S e_c, e_c) of this half as one batch: S e_c first, e_c after
+            down = self._cat([SE[h * half:(h + 1) * half],
+                              E[h * half:(h + 1) * half].reshape(half, *shape)])
+            for k in range(j - 1, bottom - 1, -1):
+                if chosen[k]:
+                    grads, down = self.modules[k].vjp_per_sample_saved(saved[k], down)
+                    for i, name in enumerate(chosen[k]):
+                        term = (grads[name][:half] * grads[name][half:]).sum(0)
+                        totals[k][i] = term if totals[k][i] is None else totals[k][i] + term
+                else:
+                    down = self.modules[k].vjp_saved(saved[k], down)[1]
+                cost.add("vjp", k, 2 * half)
+            if to_input:  # the pairs have reached X
+                flat = down.reshape(2 * half, -1)
+                term = (flat[:half] * flat[half:]).sum(0)
+                value_X = term if value_X is None else value_X + term
+        return value_X
+
+    def _chunk_width(self, layers: list[dict], inputs: list[Array], g: list, target: Array,
+                     sources: list[int], bottom: int, chosen: list[list[str]], to_input: bool,
+                     part: str, budget: int) -> int:
+        """The most columns per chunk whose work fits ``budget`` bytes: the arrays the saved
+        calls hold after one chunk of each source, measured on the first sample at one and
+        at two columns (what one more column adds), the rest held fixed."""
+        sizes = [int(np.prod(inputs[j].shape[1:])) for j in range(self.depth)]
+        held = []
+        for width in (1, 2):
+            saved = self._tiled_saved(layers, inputs, 0, 2 * width, bottom)
+            tiled = self._tiled_targets(g, target, 0, 2 * width, sources)
+            scratch = [[None] * len(names) for names in chosen]
+            largest = 0
+            for j in sources:
+                self._source_chunk(saved, tiled, j, 0, 2 * width, sizes, inputs[j], chosen,
+                                   bottom, to_input, part, scratch, None,
+                                   DiagonalCost("chunked", 1, self.depth))
+                largest = max(largest, sum(_nbytes(value) for call in saved if call
+                                           for value in call.values())
+                              + sum(_nbytes(value) for part_totals in scratch
+                                    for value in part_totals if value is not None))
+            held.append(largest)
+        if held[0] > budget:
+            raise ValueError(f"max_memory: expected at least {held[0]} bytes (one column's work "
+                             f"in the chunked diagonal at these sizes), got {budget}")
+        per_column = max(held[1] - held[0], 1)
+        widest = -(-max(sizes[j] for j in sources) // 2)
+        return int(max(1, min(widest, 1 + (budget - held[0]) // per_column)))
+
+    def _own_diagonal(self, layers: list[dict], inputs: list[Array], g: list, target: Array,
+                      k: int, names: list[str], part: str, budget: int,
+                      cost: DiagonalCost) -> list[Array]:
+        """Part ``k``'s own diagonal over ``names`` against its target (the loss's for the top
+        part, else the cotangent of its output), averaged over the batch: per name the
+        ``vec_r`` of its entries, one sample and as many rows of its first axis at a time as
+        the tangents of those rows fit in ``budget`` bytes."""
+        module, batch = self.modules[k], inputs[k].shape[0]
+        against = target if k == self.depth - 1 else g[k]
+        values = []
+        for name in names:
+            rows, _, held = module.diagonal_row_layout(self._sample(k, layers[k], 0, 1),
+                                                       inputs[k][:1], name)
+            row_bytes = held * _itemsize(inputs[k])
+            if row_bytes > budget:
+                raise ValueError(f"max_memory: expected at least {row_bytes} bytes (the tangents "
+                                 f"of one row of {self.prefixes[k]}.{name} for its own "
+                                 f"diagonal), got {budget}")
+            step = int(min(rows, budget // max(row_bytes, 1)))
+            slices = []
+            for start in range(0, rows, step):
+                total = None
+                for b in range(batch):
+                    value = module.diagonal_rows(self._sample(k, layers[k], b, 1),
+                                                 inputs[k][b:b + 1], against[b:b + 1], name,
+                                                 start, min(rows, start + step), part)
+                    total = value if total is None else total + value
+                    cost.slices += 1
+                slices.append(total / batch)
+            values.append(self._cat(slices))
+        return values
 
     def _eye(self, M: Array) -> Array:
         n = M.shape[-1]

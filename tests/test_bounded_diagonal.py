@@ -1,0 +1,184 @@
+"""The whole-model diagonal in bounded memory (``max_memory``, ``chunk``): per sample the columns
+of the identity at each part's input go through that part's second derivative and down the parts
+below it in chunks, each part's own diagonal a few rows at a time. Checked against
+reverse-over-reverse autograd on the module itself (unit vectors, double backward, MATH
+attention kernel) on sampled entries, and against the dense route on every entry, with chunks
+forced small so that several chunks, samples and row slices are taken; and the engine's pieces
+(each sample's own gradients, a diagonal on rows) against the generated module's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import SHIPPED, generated_module, to_backend
+from reference import Reference, randomise, relative
+
+import curvgap
+from curvgap.models import Chain
+
+DTYPE = torch.float64
+
+
+def _gpt2() -> tuple[torch.nn.Module, dict, torch.Tensor]:
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, n_inner=12, n_positions=5,
+                                     vocab_size=10, bos_token_id=0, eos_token_id=0)
+    model = randomise(transformers.GPT2Model(config).to(DTYPE))
+    generator = torch.Generator().manual_seed(2)
+    X, T = (torch.randn(2, 5, 8, generator=generator, dtype=DTYPE) for _ in range(2))
+    return model, {"inputs_embeds": X, "use_cache": False}, T
+
+
+def _encoder() -> tuple[torch.nn.Module, dict, torch.Tensor]:
+    layer = torch.nn.TransformerEncoderLayer(6, 2, 10, dropout=0.0, activation="gelu",
+                                             batch_first=True, norm_first=True, dtype=DTYPE)
+    norm = torch.nn.LayerNorm(6, eps=1e-6, dtype=DTYPE)
+    model = randomise(torch.nn.TransformerEncoder(layer, 2, norm=norm,
+                                                  enable_nested_tensor=False))
+    generator = torch.Generator().manual_seed(3)
+    X, T = (torch.randn(2, 4, 6, generator=generator, dtype=DTYPE) for _ in range(2))
+    return model, {"X": X}, T
+
+
+MODELS = {"GPT2Model": _gpt2, "TransformerEncoder": _encoder}
+
+
+def _call(c, method, inputs, T, **options):
+    inputs = dict(inputs)
+    X = inputs.pop("X", None)
+    return getattr(c, method)(X, T, **options, **inputs)
+
+
+def _autograd_entries(model, inputs, T, entries):
+    """The loss Hessian's diagonal at ``entries`` (of the flat parameters, the module's
+    order): each the gradient of one gradient entry, double backward on the module itself."""
+    inputs = dict(inputs)
+    X = inputs.pop("X", None)
+    ref = Reference(model, X, T, "mse", **inputs)
+    n = sum(p.numel() for p in model.parameters())
+    return torch.stack([ref.hvp(torch.nn.functional.one_hot(i, n).to(DTYPE))[i]
+                        for i in entries])
+
+
+@pytest.mark.parametrize("name", [pytest.param("GPT2Model", marks=pytest.mark.slow),
+                                  "TransformerEncoder"])
+def test_chunks_agree_with_autograd_and_the_dense_route(name):
+    model, inputs, T = MODELS[name]()
+    c = curvgap.curvature(model)
+    dense = _call(c, "diagonal", inputs, T)
+    assert c.diagonal_cost.route == "dense"
+    chunked = _call(c, "diagonal", inputs, T, chunk=3)
+    cost = c.diagonal_cost
+    assert (cost.route, cost.width, cost.samples) == ("chunked", 3, 2)
+    assert cost.chunks > 2 * cost.samples and cost.slices > 0
+    assert cost.backward_equivalents > 0
+    assert relative(chunked, dense) <= 1e-10
+    used = torch.nonzero(dense).reshape(-1)  # the parameters the output reads
+    entries = used[torch.randperm(used.numel(), generator=torch.Generator().manual_seed(4))[:12]]
+    assert relative(chunked[entries], _autograd_entries(model, inputs, T, entries)) <= 1e-10
+
+
+@pytest.mark.parametrize("part", ["gauss_newton", "functional"])
+def test_parts_and_the_input_in_chunks_agree_with_the_dense_route(part):
+    model, inputs, T = _encoder()
+    c = curvgap.curvature(model)
+    assert relative(_call(c, "diagonal", inputs, T, part=part, chunk=2),
+                    _call(c, "diagonal", inputs, T, part=part)) <= 1e-10
+    assert relative(_call(c, "diagonal", inputs, T, wrt="X", part=part, chunk=4),
+                    _call(c, "diagonal", inputs, T, wrt="X", part=part)) <= 1e-10
+    wrt = ["layers.1.linear1.weight", "norm.bias"]
+    assert relative(_call(c, "diagonal", inputs, T, wrt=wrt, part=part, chunk=5),
+                    _call(c, "diagonal", inputs, T, wrt=wrt, part=part)) <= 1e-10
+
+
+def test_a_budget_picks_the_chunks_and_a_single_layer_takes_rows():
+    model, inputs, T = _encoder()
+    c = curvgap.curvature(model)
+    dense = _call(c, "diagonal", inputs, T)
+    fits = c.diagonal_cost.dense_bytes  # what the dense route holds: it fits the default
+    assert c.diagonal_cost.route == "dense" and fits > 0
+    tight = _call(c, "diagonal", inputs, T, max_memory=fits - 1)
+    cost = c.diagonal_cost
+    assert cost.route == "chunked" and cost.width >= 1
+    assert relative(tight, dense) <= 1e-10
+    with pytest.raises(ValueError, match=r"max_memory: expected at least \d+ bytes") as refused:
+        _call(c, "diagonal", inputs, T, max_memory=1)
+    least = int(str(refused.value).split("at least ")[1].split()[0])
+    assert least < fits  # one column's work is less than the dense route's
+    assert relative(_call(c, "diagonal", inputs, T, max_memory=least), dense) <= 1e-10
+    assert c.diagonal_cost.width == 1
+    layer = curvgap.curvature(model.layers[0])
+    X = inputs["X"]
+    whole = layer.diagonal(X, T)
+    assert layer.diagonal_cost is None
+    assert relative(layer.diagonal(X, T, chunk=2), whole) <= 1e-10
+    assert layer.diagonal_cost.route == "chunked"
+
+
+def test_bad_budgets_are_refused_by_name():
+    model, inputs, T = _encoder()
+    c = curvgap.curvature(model)
+    for bad in (0, -5, 0.5, float("nan"), float("inf"), "2GB", True):
+        with pytest.raises(ValueError, match=r"max_memory: expected a finite number of bytes "
+                                             r">= 1 \(such as 2\*\*31\) or None"):
+            _call(c, "diagonal", inputs, T, max_memory=bad)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"chunk: expected a positive int \(columns per "
+                                             r"chunk\) or None"):
+            _call(c, "diagonal", inputs, T, chunk=bad)
+    with pytest.raises(ValueError, match=r"max_memory: expected at least \d+ bytes \(one "
+                                         r"column's work in the chunked diagonal at these "
+                                         r"sizes\), got 1$"):
+        _call(c, "diagonal", inputs, T, max_memory=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
+    module = generated_module("rmsnorm_block", backend)
+    chain = Chain([("", SHIPPED["rmsnorm_block"])], backend)
+    generator = torch.Generator().manual_seed(5)
+    shapes = chain.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
+    params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7
+              + (0.5 if len(shape) == 1 else 0.0) for name, shape in shapes.items()}
+    X, T, G = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(3))
+    params, X, T, G = (to_backend(backend, v) for v in (params, X, T, G))
+    whole = torch.as_tensor(module.diagonal(params, X, T))
+    offset = 0
+    for name, _ in module.PARAMS:
+        rows, per_row, held = module.diagonal_row_layout(params, X, name)
+        assert rows * per_row == int(np.prod(params[name].shape))
+        assert held >= 0
+        parts = [torch.as_tensor(module.diagonal_rows(params, X, T, name, start,
+                                                      min(rows, start + 2)))
+                 for start in range(0, rows, 2)]
+        assert relative(torch.cat(parts), whole[offset:offset + rows * per_row]) <= 1e-10
+        offset += rows * per_row
+    with pytest.raises(ValueError, match=r"start, stop: expected ints with 0 <= start < stop"):
+        module.diagonal_rows(params, X, T, module.PARAMS[0][0], 2, 1)
+    _, saved = module.forward_saved(params, X)
+    mean, in_X = module.vjp_saved(saved, G)
+    mean = {k: torch.as_tensor(v).clone() for k, v in mean.items()}
+    in_X = torch.as_tensor(in_X).clone()
+    each, each_X = module.vjp_per_sample_saved(saved, G)
+    assert relative(torch.as_tensor(each_X), in_X) <= 1e-12
+    for name, value in mean.items():
+        assert relative(torch.as_tensor(each[name]).mean(0), value) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_a_stack_in_chunks_agrees_with_the_dense_route(backend):
+    stack = Chain([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], backend)
+    generator = torch.Generator().manual_seed(6)
+    shapes = stack.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
+    params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7
+              + (0.5 if len(shape) == 1 else 0.0) for name, shape in shapes.items()}
+    X, T = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(2))
+    params, X, T = (to_backend(backend, v) for v in (params, X, T))
+    for wrt in (None, "X", ["1.W_1", "2.gamma_1"]):
+        dense = torch.as_tensor(stack.diagonal(params, X, T, wrt=wrt))
+        assert stack.diagonal_cost.route == "dense"
+        chunked = torch.as_tensor(stack.diagonal(params, X, T, wrt=wrt, chunk=2))
+        assert stack.diagonal_cost.route == "chunked"
+        assert relative(chunked, dense) <= 1e-10
