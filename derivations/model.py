@@ -366,7 +366,7 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
                     g.output(f"full_{v}_{w}", whole, mean_over_batch=mean))
         if v == w:
             _diagonals(der, v, requires, tangents[v].indices, renamed, blocks, mean)
-            if mean:
+            if mean and first.indices:  # a scalar parameter has no rows to take
                 _row_diagonals(der, first, adjoints)
         if mean and all(len(t.indices) == 2 and t.name not in der.external_shapes
                         for t in (first, second)):
