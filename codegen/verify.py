@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 import sympy as sp
 import torch
-from torch.func import grad, hessian, jacrev, vmap
+from torch.func import grad, hessian, jacfwd, jacrev, vmap
 
 from ..derivations import attention, embedding, ffn, head, losses, normalization
 from ..derivations.config import Config
@@ -155,7 +155,8 @@ class Reference:
         def sample(x):
             if first == second:
                 return hessian(lambda a: self._out(x, {first: a}))(self._start(first, x))
-            return jacrev(jacrev(lambda a, b: self._out(x, {first: a, second: b}), 0), 1)(
+            # forward over reverse, as ``hessian``: one tangent per entry of ``second``
+            return jacfwd(jacrev(lambda a, b: self._out(x, {first: a, second: b}), 0), 1)(
                 self._start(first, x), self._start(second, x))
         n_second = self._start(second, self.X[0]).numel()
         return vmap(sample)(self.X).reshape(self.X.shape[0], -1, n_second)

@@ -21,7 +21,7 @@ from curvgap.codegen.resources import GENERATED
 from curvgap.derivations import evaluate, matrixform, sizes
 from curvgap.derivations.model import derive
 
-DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}
+DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7, "R": 2}
 PDFLATEX = shutil.which("pdflatex")
 # CI installs texlive and sets this, so that a missing pdflatex fails instead of skipping
 REQUIRE_PDFLATEX = os.environ.get("CURVGAP_REQUIRE_PDFLATEX") == "1"
@@ -30,7 +30,8 @@ REQUIRE_PDFLATEX = os.environ.get("CURVGAP_REQUIRE_PDFLATEX") == "1"
 def _sizes(config) -> dict:
     h = config.heads
     return {sizes.L: DIMS["L"], sizes.d: DIMS["d"], sizes.d_k: DIMS["d_k"],
-            sizes.d_ff: DIMS["d_ff"], sizes.h: h, sizes.d_v: DIMS["d"] // h}
+            sizes.d_ff: DIMS["d_ff"], sizes.h: h, sizes.d_v: DIMS["d"] // h,
+            sizes.R: DIMS["R"]}
 
 
 def _sample_values(der, dims, rng, given: dict | None = None) -> dict:
