@@ -130,6 +130,23 @@ def _progress(total: int, what: str) -> tqdm:
                 disable=True if here is not None and here[0] != 0 else None)
 
 
+def _checked_ties(ties: Any, names: list[str]) -> dict[str, str]:
+    """``ties`` (tied parameter → the parameter it is read as, transposed), checked against
+    the chain's parameter ``names``."""
+    if not isinstance(ties, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in ties.items()):
+        raise TypeError(f"ties: expected a dict of parameter names (tied → source), got "
+                        f"{ties!r}")
+    for tied, source in ties.items():
+        if tied not in names or source not in names:
+            raise ValueError(f"ties: expected names of the parts' parameters (such as "
+                             f"{names[-1]!r}), got {tied!r} → {source!r}")
+        if tied == source or source in ties:
+            raise ValueError(f"ties: expected {tied!r} tied to an untied parameter, got "
+                             f"{source!r}")
+    return dict(ties)
+
+
 class Chain:
     """Parts applied one after another, ``Z_k = part_k(Z_{k-1}; θ_k)``, ``Z_0 = X``, each part
     a ``(prefix, config)`` of any kind whose input is the previous part's output (an
@@ -138,10 +155,16 @@ class Chain:
     Inputs are the ``backend``'s arrays (torch tensors, or numpy arrays), ``X`` of the first
     part's input shape, ``(B, L, d)`` or ``(B, L, p)`` for an embedding. ``loss``,
     ``gradient``, ``loss_hessian``, ``diagonal``, ``hvp`` and ``gnvp`` also take, in place of
-    ``X, target``, a dataset's batches: the mean over its samples (:mod:`curvgap.data`)."""
+    ``X, target``, a dataset's batches: the mean over its samples (:mod:`curvgap.data`).
+
+    ``ties`` maps a part's 2-D parameter to another it is read as, transposed
+    (``{"head.W_H": "embedding.W_E"}``: a language-model head tied to its token embedding,
+    ``W_H = W_E^T``): the tied one leaves ``PARAMS``, and every derivative over the other sums
+    its two places (the Hessian over it is ``S^T H S`` with ``S`` stacking the identity and
+    the transposition, applied as an index map, never formed)."""
 
     def __init__(self, parts: list[tuple[str, Config | Program]],
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", ties: dict[str, str] | None = None) -> None:
         if not parts:
             raise ValueError("parts: expected at least one (prefix, config), got none")
         if backend not in ("torch", "numpy"):
@@ -161,9 +184,10 @@ class Chain:
         empty = [prefix for prefix, names in zip(self.prefixes, self.part_params) if not names]
         if empty:
             raise ValueError(f"parts: expected parts with parameters, got none in {empty}")
-        self.PARAMS = [_key(prefix, name) for prefix, names in zip(self.prefixes,
-                                                                    self.part_params)
-                       for name in names]
+        every = [_key(prefix, name) for prefix, names in zip(self.prefixes, self.part_params)
+                 for name in names]
+        self.ties = _checked_ties(ties or {}, every)
+        self.PARAMS = [name for name in every if name not in self.ties]
         self.CONSTANTS = [_key(prefix, name) for prefix, names in zip(self.prefixes,
                                                                        self.part_constants)
                           for name in names]
@@ -188,6 +212,11 @@ class Chain:
                 except KeyError as missing:
                     raise ValueError(f"sizes: expected the size {missing} of {prefix}.{name} "
                                      f"(shape {shape}), got {sorted(sizes)}") from None
+        for tied, source in self.ties.items():
+            if shapes[tied] != shapes[source][::-1]:
+                raise ValueError(f"sizes: {tied} is {source} transposed, so its shape must be "
+                                 f"{shapes[source][::-1]}; these sizes give {shapes[tied]}")
+            del shapes[tied]
         return shapes
 
     def _layers(self, params: dict[str, Array]) -> list[dict[str, Array]]:
@@ -197,6 +226,7 @@ class Chain:
         if missing or unknown:
             raise ValueError(f"params: expected exactly the keys {expected}, got unknown "
                              f"{unknown} and missing {missing}")
+        params = self._untie(params)
         return [{name: params[_key(prefix, name)] for name in [*names, *constants]}
                 for prefix, names, constants in zip(self.prefixes, self.part_params,
                                                     self.part_constants)]
@@ -296,8 +326,9 @@ class Chain:
         yet checked for overflow (:meth:`gradient` assembles and checks them)."""
         params, X, (target,) = self._widened(params, X, target)
         _, gradients, cotangents = self._backward(self._layers(params), X, target)
-        return ({_key(prefix, name): value for prefix, part in zip(self.prefixes, gradients)
-                 for name, value in part.items()}, cotangents[0])
+        return (self._folded({_key(prefix, name): value
+                              for prefix, part in zip(self.prefixes, gradients)
+                              for name, value in part.items()}), cotangents[0])
 
     @over_batches()
     def gradient(self, params: dict[str, Array], X: Array, target: Array,
@@ -316,22 +347,89 @@ class Chain:
         return self._finished(self._cat([pieces[name].reshape(-1) for name in self.PARAMS]),
                               X, "the gradient")
 
-    def _chosen(self, wrt: str | list[str] | None) -> list[list[str]]:
-        """Per part, the names of its parameters in ``wrt`` (default: all), in its order."""
+    def _chosen(self, wrt: str | list[str] | None, tied: bool = True) -> list[list[str]]:
+        """Per part, the names of its parameters in ``wrt`` (default: all), in its order,
+        with (``tied``) the places a tie reads them transposed."""
         names = self.PARAMS if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
         unknown = [n for n in names if n not in self.PARAMS]
         if unknown or not names or len(set(names)) != len(names):
             raise ValueError(f"wrt: expected distinct names of PARAMS (such as "
                              f"{self.PARAMS[0]!r}), got {names}")
+        if tied:
+            names = [*names, *(t for t, source in self.ties.items() if source in names)]
         return [[n for n in part if _key(prefix, n) in names]
                 for prefix, part in zip(self.prefixes, self.part_params)]
+
+    # -- ties: a parameter read transposed in a second place -----------------------------------
+    def _untie(self, params: dict[str, Array]) -> dict[str, Array]:
+        """``params`` with each tied parameter as its source transposed (a view)."""
+        if not self.ties:
+            return params
+        return {**params, **{tied: params[source].T for tied, source in self.ties.items()}}
+
+    def _folded(self, pieces: dict[str, Array]) -> dict[str, Array]:
+        """Per-parameter results (name → array shaped as the parameter) with each tied
+        parameter's added, transposed, to its source's."""
+        for tied, source in self.ties.items():
+            if tied in pieces:
+                pieces[source] = pieces[source] + pieces.pop(tied).T
+        return pieces
+
+    def _tie_index(self, params: dict[str, Array], chosen: list[list[str]]
+                   ) -> tuple[np.ndarray, int] | None:
+        """For the entries of ``chosen`` (per part, as the Hessian's rows are laid out),
+        ``(position of each in the result over PARAMS, the result's size)``, a tied entry at
+        its source's; None when no tie is chosen."""
+        names = [_key(prefix, n) for prefix, part in zip(self.prefixes, chosen) for n in part]
+        if not any(n in self.ties for n in names):
+            return None
+        starts, offset = {}, 0
+        for name in names:
+            if name not in self.ties:
+                starts[name], offset = offset, offset + int(np.prod(params[name].shape))
+        index = []
+        for name in names:
+            if name in self.ties:
+                rows, cols = params[self.ties[name]].shape  # the tied entry (i, j) is (j, i)
+                index.append(starts[self.ties[name]] + np.arange(rows * cols).reshape(
+                    rows, cols).T.reshape(-1))
+            else:
+                index.append(starts[name] + np.arange(int(np.prod(params[name].shape))))
+        return np.concatenate(index), offset
+
+    def _fold_axes(self, value: Array, tie: tuple | None, axes: tuple[int, ...]) -> Array:
+        """``value`` with its ``axes`` (laid out over the chosen entries, ties included)
+        summed into the entries of ``PARAMS`` by the index map ``tie``."""
+        if tie is None:
+            return value
+        index, n = tie
+        for axis in axes:
+            shape = list(value.shape)
+            shape[axis] = n
+            if self.backend == "torch":
+                value = value.new_zeros(shape).index_add_(
+                    axis, torch.as_tensor(index, device=value.device), value)
+            else:
+                out = np.zeros(shape, dtype=value.dtype)
+                np.add.at(out, (slice(None),) * (axis % value.ndim) + (index,), value)
+                value = out
+        return value
+
+    def _refuse_ties(self, chosen: list[list[str]], what: str) -> None:
+        tied = [self.ties[_key(prefix, n)] for prefix, part in zip(self.prefixes, chosen)
+                for n in part if _key(prefix, n) in self.ties]
+        if tied:
+            raise NotImplementedError(
+                f"{what}: {tied[0]} is tied (read in two places); its {what} needs the block "
+                f"between those places: use loss_hessian(wrt={tied[0]!r}), or leave it out of "
+                f"wrt")
 
     def part_slices(self, params: dict[str, Array], wrt: str | list[str] | None = None
                     ) -> dict[str, slice]:
         """Where each part's block of rows lies in ``loss_hessian`` (and ``gradient``, ``hvp``)
         over ``wrt``: part prefix → slice (the parts with no parameter in ``wrt`` left out)."""
         slices, offset = {}, 0
-        for prefix, names in zip(self.prefixes, self._chosen(wrt)):
+        for prefix, names in zip(self.prefixes, self._chosen(wrt, tied=False)):
             size = sum(int(np.prod(params[_key(prefix, n)].shape)) for n in names)
             if size:
                 slices[prefix] = slice(offset, offset + size)
@@ -354,7 +452,9 @@ class Chain:
                     - self.loss_hessian(params, X, target, wrt, "gauss_newton"))
         if isinstance(wrt, str) and wrt == "X":
             return self._backpropagate(params, X, target, [[]] * self.depth, part, True)[1]
-        return self._backpropagate(params, X, target, self._chosen(wrt), part, False)[0]
+        chosen = self._chosen(wrt)
+        return self._fold_axes(self._backpropagate(params, X, target, chosen, part, False)[0],
+                               self._tie_index(params, chosen), (0, 1))
 
     def loss_hessian_mixed(self, params: dict[str, Array], X: Array, target: Array,
                            wrt: str | list[str] | None = None, part: str = "full") -> Array:
@@ -364,7 +464,9 @@ class Chain:
         if part == "functional":
             return (self.loss_hessian_mixed(params, X, target, wrt)
                     - self.loss_hessian_mixed(params, X, target, wrt, "gauss_newton"))
-        return self._backpropagate(params, X, target, self._chosen(wrt), part, True)[2]
+        chosen = self._chosen(wrt)
+        return self._fold_axes(self._backpropagate(params, X, target, chosen, part, True)[2],
+                               self._tie_index(params, chosen), (-1,))
 
     def _backpropagate(self, params: dict[str, Array], X: Array, target: Array,
                        chosen: list[list[str]], part: str, to_input: bool) -> tuple:
@@ -504,6 +606,7 @@ class Chain:
                              f"(as many as max_memory holds), got {chunk!r}")
         to_input = isinstance(wrt, str) and wrt == "X"
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
+        self._refuse_ties(chosen, "diagonal")
         like = X
         params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)
@@ -771,18 +874,20 @@ class Chain:
         """``∂vec_r(Z_N)/∂vec_r(wrt)^T`` per sample, ``(B, n_Z, n_wrt)``, ``wrt`` a name of
         ``PARAMS`` or ``"X"``: the part's own Jacobian times the input Jacobians of the
         parts above it."""
-        if wrt == "X":
-            lowest, name = 0, "X"
-        else:
-            chosen = self._chosen(wrt)
-            lowest = next(k for k, names in enumerate(chosen) if names)
-            name = chosen[lowest][0]
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
-        J = self.modules[lowest].jacobian(layers[lowest], inputs[lowest], name)
-        for k in range(lowest + 1, self.depth):
-            J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
-        return J
+        places = [(0, "X")] if wrt == "X" else [
+            (k, names[0]) for k, names in enumerate(self._chosen(wrt)) if names]
+        total = None
+        for lowest, name in places:  # two where a tie reads wrt transposed
+            J = self.modules[lowest].jacobian(layers[lowest], inputs[lowest], name)
+            for k in range(lowest + 1, self.depth):
+                J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
+            if _key(self.prefixes[lowest], name) in self.ties:  # columns in wrt's layout
+                rows, cols = params[wrt].shape
+                J = J[..., np.arange(rows * cols).reshape(cols, rows).T.reshape(-1)]
+            total = J if total is None else total + J
+        return total
 
     def product_pieces(self, kind: str, params: dict[str, Array], X: Array, target: Array,
                        directions: list[dict[str, Array]] | Array) -> list:
@@ -804,7 +909,9 @@ class Chain:
                       [{k: self._wide(a) for k, a in d.items()} for d in directions])
         if per_sample:
             columns, lowest = [directions], 0
-        else:
+        else:  # a tied parameter moves along its source's direction, transposed
+            directions = [{**d, **{tied: d[source].T for tied, source in self.ties.items()
+                                   if source in d}} for d in directions]
             columns = [[{name: d[_key(prefix, name)] for name in names if _key(prefix, name) in d}
                         for prefix, names in zip(self.prefixes, self.part_params)]
                        for d in directions]
@@ -834,9 +941,9 @@ class Chain:
                 for k in range(top - 1, lowest - 1, -1):
                     products[k], down = self.modules[k].vjp_saved(saved[k], down)
                     saved[k] = None if last else saved[k]
-            results.append(down if per_sample else
-                           {_key(self.prefixes[k], name): products[k][name]
-                            for k in range(lowest, self.depth) for name in column[k]})
+            results.append(down if per_sample else self._folded(
+                {_key(self.prefixes[k], name): products[k][name]
+                 for k in range(lowest, self.depth) for name in column[k]}))
         return results
 
     def _product(self, kind: str, params: dict[str, Array], X: Array, target: Array,
@@ -856,7 +963,8 @@ class Chain:
             down = self.product_pieces(kind, params, X, target, v.reshape(X.shape))[0]
             value = down.reshape(X.shape[0], -1)
             return self._finished(value[0] if single else value, X, quantity)
-        chosen = [_key(prefix, n) for prefix, part in zip(self.prefixes, self._chosen(wrt))
+        chosen = [_key(prefix, n) for prefix, part
+                  in zip(self.prefixes, self._chosen(wrt, tied=False))
                   for n in part]  # checked, in PARAMS order
         shapes = [tuple(params[name].shape) for name in chosen]
         sizes = [int(np.prod(shape)) for shape in shapes]

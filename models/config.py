@@ -13,6 +13,11 @@ TOML data, validated in full (each part as a sublayer config) and never evaluate
     [head]               # optional: pooling and W_H, b_H (options of kind "head")
     pooling = "mean"
 
+``tie_embeddings = true`` reads the head's ``W_H`` as the embedding's ``W_E`` transposed (a
+language-model head tied to its token table, Hugging Face's ``tie_word_embeddings``): it needs
+an ``[embedding]`` with its projection and a ``[head]`` over every row (``pooling = "none"``),
+and its vocabulary is then both the embedding's ``p`` and the head's ``c``.
+
 Parameters are named in the style of a ``state_dict``: ``embedding.W_E``, ``blocks.3.W_Q``,
 ``norm.gamma``, ``head.W_H``.
 """
@@ -39,6 +44,11 @@ class ModelConfig:
     embedding: Config | None = None
     norm: Config | None = None
     head: Config | None = None
+    tie_embeddings: bool = False
+
+    def ties(self) -> dict[str, str]:
+        """The tied parameters, as :class:`~curvgap.models.Chain` takes them."""
+        return {"head.W_H": "embedding.W_E"} if self.tie_embeddings else {}
 
     def parts(self) -> list[tuple[str, Config]]:
         """The parts in order with their prefixes (``"embedding"``, ``"blocks.0"``, …,
@@ -53,7 +63,7 @@ class ModelConfig:
 
 def validate_model(data: dict, source: str = "model config") -> ModelConfig:
     """A :class:`ModelConfig` from a TOML table, or :class:`ConfigError` naming the entry."""
-    allowed = ("name", "depth", "loss", *SECTIONS)
+    allowed = ("name", "depth", "loss", "tie_embeddings", *SECTIONS)
     unknown = [key for key in data if key not in allowed]
     if unknown:
         raise ConfigError(f"{source}: unknown key '{unknown[0]}'; allowed keys: "
@@ -85,7 +95,17 @@ def validate_model(data: dict, source: str = "model config") -> ModelConfig:
         parts[section] = validate({**table, "name": f"{name}_{section}", "kind": kind}, where)
     loss = data.get("loss", "mse")
     validate({"name": name, "loss": loss}, source)  # a loss name, checked as for a sublayer
-    return ModelConfig(name, depth, loss, **parts)
+    tie = data.get("tie_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ConfigError(f"{source}: 'tie_embeddings' must be true or false, got {tie!r}")
+    if tie:
+        embedding, head = parts.get("embedding"), parts.get("head")
+        if embedding is None or not embedding.projection or head is None \
+                or head.pooling != "none":
+            raise ConfigError(f"{source}: 'tie_embeddings' reads the head's W_H as the "
+                              f"embedding's W_E transposed: it needs an [embedding] with "
+                              f"projection = true and a [head] with pooling = \"none\"")
+    return ModelConfig(name, depth, loss, **parts, tie_embeddings=tie)
 
 
 def load_model(path: str | Path) -> ModelConfig:

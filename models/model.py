@@ -13,7 +13,8 @@ class Model(Chain):
     """The parts of ``config`` (a :class:`ModelConfig`, the path of its TOML file, or the name
     of a model config shipped in ``configs/models/``, such as ``"digits_vit"``) as a
     :class:`Chain`: parameters named ``"embedding.W_E"``, ``"blocks.0.W_Q"``, …,
-    ``"norm.gamma"``, ``"head.W_H"``; the loss on the last part's output. One module per
+    ``"norm.gamma"``, ``"head.W_H"`` (not with ``tie_embeddings``: ``W_H`` is then
+    ``embedding.W_E`` transposed); the loss on the last part's output. One module per
     distinct part is derived (cached), whatever the depth."""
 
     def __init__(self, config: ModelConfig | str | Path, backend: str = "torch") -> None:
@@ -22,4 +23,4 @@ class Model(Chain):
         if not isinstance(config, ModelConfig):
             config = load_model(config)
         self.config = config
-        super().__init__(config.parts(), backend)
+        super().__init__(config.parts(), backend, config.ties())

@@ -134,8 +134,11 @@ def test_the_class_token_placeholder_row_is_not_read(case):
     ({"norm": {"heads": 2}}, r"\[norm\]: 'heads' applies to kind block or self_attention"),
     ({"loss": "hinge"}, r"'loss' must be one of"),
     ({"name": "../x"}, r"'name' must be a Python identifier"),
-    ({"blocks": {}}, r"unknown key 'blocks'; allowed keys: name, depth, loss, embedding, "
-                     r"block, norm, head"),
+    ({"blocks": {}}, r"unknown key 'blocks'; allowed keys: name, depth, loss, "
+                     r"tie_embeddings, embedding, block, norm, head"),
+    ({"tie_embeddings": 1}, r"'tie_embeddings' must be true or false, got 1"),
+    ({"tie_embeddings": True}, r"'tie_embeddings' reads the head's W_H as the embedding's W_E "
+                               r"transposed: it needs .* pooling = \"none\""),
 ])
 def test_bad_model_configs_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -254,3 +257,82 @@ def test_diagonals_and_gauss_newton_products_equal_autograd(case, expected, back
     index = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
                                     sum(sizes[:model.PARAMS.index(n) + 1])) for n in wrt])
     assert relative(model.diagonal(params, X, T, wrt=wrt), full[index]) <= 1e-10
+
+
+#: A causal language model on one-hot token rows, its head tied to the token table.
+TIED = {"name": "tiny_lm", "depth": 2, "loss": "cross_entropy", "tie_embeddings": True,
+        "embedding": {"positional": True},
+        "block": {"norm_position": "pre", "heads": 2, "out_proj": True, "affine": True,
+                  "eps": 1e-5, "causal": True, "activation": "gelu_tanh"},
+        "norm": {"affine": True, "eps": 1e-5},
+        "head": {"pooling": "none"}}
+TIED_DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 6}  # c = p: the vocabulary
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
+def test_a_head_tied_to_the_embedding_equals_autograd(backend):
+    """``tie_embeddings``: ``head.W_H`` is ``embedding.W_E`` transposed, one parameter whose
+    gradient, Hessian (with its cross blocks), Gauss–Newton part, products and Jacobian sum
+    both places; against autograd on the plain-PyTorch model that reads ``W_E`` twice."""
+    model = Model(validate_model(TIED), backend=backend)
+    assert "head.W_H" not in model.PARAMS and "embedding.W_E" in model.PARAMS
+    gen = torch.Generator().manual_seed(6)
+    shapes = model.parameter_shapes(TIED_DIMS)
+    params = {name: 0.6 * torch.randn(shape, generator=gen, dtype=torch.float64)
+              + (1.0 if "gamma" in name else 0.0) for name, shape in shapes.items()}
+    X = torch.nn.functional.one_hot(torch.randint(0, 6, (B, 3), generator=gen), 6).double()
+    T = torch.randint(0, 6, (B, 3), generator=gen)
+    flat = torch.cat([params[name].reshape(-1) for name in model.PARAMS])
+    sizes = [params[name].numel() for name in model.PARAMS]
+    parts = model.config.parts()
+
+    def outputs(vector, X=X):
+        values = {n: part.reshape(params[n].shape)
+                  for n, part in zip(model.PARAMS, torch.split(vector, sizes))}
+        values["head.W_H"] = values["embedding.W_E"].T
+        result = []
+        for x in X:
+            for (prefix, config), names in zip(parts, model.part_params):
+                x = reference_output(config, {n: values[f"{prefix}.{n}"] for n in names}, x)
+            result.append(x)
+        return torch.stack(result)
+
+    def loss(vector):
+        return sum(reference_loss(parts[-1][1], z, t) for z, t in zip(outputs(vector), T)) / B
+
+    F = torch.autograd.functional
+    H = F.hessian(loss, flat, vectorize=True)
+    J = F.jacobian(outputs, flat, vectorize=True).reshape(B, -1, flat.numel())
+    curvature = torch.stack([F.hessian(lambda z, t=t: reference_loss(parts[-1][1], z, t), z)
+                             .reshape(J.shape[1], J.shape[1]) for z, t in zip(outputs(flat), T)])
+    gauss_newton = torch.einsum("bri,brs,bsj->ij", J, curvature, J) / B
+    V = torch.randn(flat.numel(), 2, generator=gen, dtype=torch.float64)
+    P, Xb, Tb = convert(backend, params, X, T)
+    Vb = V if backend == "torch" else V.numpy()
+    assert relative(model.loss(P, Xb, Tb), loss(flat)) <= 1e-12
+    assert relative(model.gradient(P, Xb, Tb), F.jacobian(loss, flat)) <= 1e-12
+    assert relative(model.loss_hessian(P, Xb, Tb), H) <= 1e-10
+    assert relative(model.loss_hessian(P, Xb, Tb, part="gauss_newton"), gauss_newton) <= 1e-10
+    assert relative(model.hvp(P, Xb, Tb, Vb), H @ V) <= 1e-10
+    assert relative(model.gnvp(P, Xb, Tb, Vb[:, 0]), gauss_newton @ V[:, 0]) <= 1e-10
+    # a subset holding the tied weight: its block sums four places' blocks
+    wrt = ["embedding.W_E", "blocks.1.W_Q"]
+    index = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
+                                    sum(sizes[:model.PARAMS.index(n) + 1])) for n in wrt])
+    assert relative(model.loss_hessian(P, Xb, Tb, wrt=wrt), H[index][:, index]) <= 1e-10
+    assert relative(model.hvp(P, Xb, Tb, Vb[index.numpy(), 0], wrt=wrt),
+                    H[index][:, index] @ V[index, 0]) <= 1e-10
+    W_E = index[:params["embedding.W_E"].numel()]
+    assert relative(model.jacobian(P, Xb, "embedding.W_E"), J[:, :, W_E]) <= 1e-12
+    H_Xt = torch.stack([F.jacobian(lambda w, x=x, t=t: F.jacobian(
+        lambda y: reference_loss(parts[-1][1], outputs(w, y[None])[0], t), x,
+        create_graph=True).reshape(-1), flat) for x, t in zip(X, T)])
+    assert relative(model.loss_hessian_mixed(P, Xb, Tb), H_Xt) <= 1e-10
+    with pytest.raises(NotImplementedError, match=r"diagonal: embedding.W_E is tied"):
+        model.diagonal(P, Xb, Tb)
+    rest = [n for n in model.PARAMS if n != "embedding.W_E"]
+    kept = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
+                                   sum(sizes[:model.PARAMS.index(n) + 1])) for n in rest])
+    assert relative(model.diagonal(P, Xb, Tb, wrt=rest), torch.diagonal(H)[kept]) <= 1e-10
+    with pytest.raises(ValueError, match=r"sizes: head.W_H is embedding.W_E transposed"):
+        model.parameter_shapes({**TIED_DIMS, "c": 7})
