@@ -130,21 +130,23 @@ def _progress(total: int, what: str) -> tqdm:
                 disable=True if here is not None and here[0] != 0 else None)
 
 
-def _checked_ties(ties: Any, names: list[str]) -> dict[str, str]:
-    """``ties`` (tied parameter → the parameter it is read as, transposed), checked against
-    the chain's parameter ``names``."""
+def _checked_ties(ties: Any, names: list[str]) -> tuple[dict[str, str], set[str]]:
+    """``ties`` (tied parameter → the parameter it is read as, ``".T"`` appended where it is
+    read transposed) checked against the chain's parameter ``names``: ``(tied → source,
+    the tied names read transposed)``."""
     if not isinstance(ties, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in ties.items()):
-        raise TypeError(f"ties: expected a dict of parameter names (tied → source), got "
-                        f"{ties!r}")
-    for tied, source in ties.items():
+        raise TypeError(f"ties: expected a dict of parameter names (tied → source, or "
+                        f"source + '.T' read transposed), got {ties!r}")
+    sources = {tied: source.removesuffix(".T") for tied, source in ties.items()}
+    for tied, source in sources.items():
         if tied not in names or source not in names:
             raise ValueError(f"ties: expected names of the parts' parameters (such as "
-                             f"{names[-1]!r}), got {tied!r} → {source!r}")
-        if tied == source or source in ties:
+                             f"{names[-1]!r}), got {tied!r} → {ties[tied]!r}")
+        if tied == source or source in sources:
             raise ValueError(f"ties: expected {tied!r} tied to an untied parameter, got "
                              f"{source!r}")
-    return dict(ties)
+    return sources, {tied for tied, source in ties.items() if source.endswith(".T")}
 
 
 class Chain:
@@ -157,11 +159,12 @@ class Chain:
     ``gradient``, ``loss_hessian``, ``diagonal``, ``hvp`` and ``gnvp`` also take, in place of
     ``X, target``, a dataset's batches: the mean over its samples (:mod:`curvgap.data`).
 
-    ``ties`` maps a part's 2-D parameter to another it is read as, transposed
-    (``{"head.W_H": "embedding.W_E"}``: a language-model head tied to its token embedding,
-    ``W_H = W_E^T``): the tied one leaves ``PARAMS``, and every derivative over the other sums
-    its two places (the Hessian over it is ``S^T H S`` with ``S`` stacking the identity and
-    the transposition, applied as an index map, never formed)."""
+    ``ties`` maps a part's parameter to another that it is (``{"blocks.1.E_rel":
+    "blocks.0.E_rel"}``: one relative-bias table for every block), or, with ``".T"``, that
+    it is transposed (``{"head.W_H": "embedding.W_E.T"}``: a language-model head tied to its
+    token embedding, ``W_H = W_E^T``): the tied one leaves ``PARAMS``, and every derivative
+    over the other sums its places (the Hessian over it is ``S^T H S`` with ``S`` stacking the
+    identity and the transpositions, applied as an index map, never formed)."""
 
     def __init__(self, parts: list[tuple[str, Config | Program]],
                  backend: str = "torch", ties: dict[str, str] | None = None) -> None:
@@ -186,7 +189,7 @@ class Chain:
             raise ValueError(f"parts: expected parts with parameters, got none in {empty}")
         every = [_key(prefix, name) for prefix, names in zip(self.prefixes, self.part_params)
                  for name in names]
-        self.ties = _checked_ties(ties or {}, every)
+        self.ties, self.transposed = _checked_ties(ties or {}, every)
         self.PARAMS = [name for name in every if name not in self.ties]
         self.CONSTANTS = [_key(prefix, name) for prefix, names in zip(self.prefixes,
                                                                        self.part_constants)
@@ -213,9 +216,11 @@ class Chain:
                     raise ValueError(f"sizes: expected the size {missing} of {prefix}.{name} "
                                      f"(shape {shape}), got {sorted(sizes)}") from None
         for tied, source in self.ties.items():
-            if shapes[tied] != shapes[source][::-1]:
-                raise ValueError(f"sizes: {tied} is {source} transposed, so its shape must be "
-                                 f"{shapes[source][::-1]}; these sizes give {shapes[tied]}")
+            expected = shapes[source][::-1] if tied in self.transposed else shapes[source]
+            if shapes[tied] != expected:
+                how = " transposed" if tied in self.transposed else ""
+                raise ValueError(f"sizes: {tied} is {source}{how}, so its shape must be "
+                                 f"{expected}; these sizes give {shapes[tied]}")
             del shapes[tied]
         return shapes
 
@@ -360,19 +365,24 @@ class Chain:
         return [[n for n in part if _key(prefix, n) in names]
                 for prefix, part in zip(self.prefixes, self.part_params)]
 
-    # -- ties: a parameter read transposed in a second place -----------------------------------
+    # -- ties: a parameter read again (or transposed) in another place -----------------------
+    def _as_tied(self, tied: str, value: Array) -> Array:
+        """``value``, of the shape of ``tied``'s source, as ``tied`` reads it (a view)."""
+        return value.T if tied in self.transposed else value
+
     def _untie(self, params: dict[str, Array]) -> dict[str, Array]:
-        """``params`` with each tied parameter as its source transposed (a view)."""
+        """``params`` with each tied parameter as it reads its source."""
         if not self.ties:
             return params
-        return {**params, **{tied: params[source].T for tied, source in self.ties.items()}}
+        return {**params, **{tied: self._as_tied(tied, params[source])
+                             for tied, source in self.ties.items()}}
 
     def _folded(self, pieces: dict[str, Array]) -> dict[str, Array]:
         """Per-parameter results (name → array shaped as the parameter) with each tied
-        parameter's added, transposed, to its source's."""
+        parameter's added, in its source's layout, to its source's."""
         for tied, source in self.ties.items():
             if tied in pieces:
-                pieces[source] = pieces[source] + pieces.pop(tied).T
+                pieces[source] = pieces[source] + self._as_tied(tied, pieces.pop(tied))
         return pieces
 
     def _tie_index(self, params: dict[str, Array], chosen: list[list[str]]
@@ -389,10 +399,11 @@ class Chain:
                 starts[name], offset = offset, offset + int(np.prod(params[name].shape))
         index = []
         for name in names:
-            if name in self.ties:
-                rows, cols = params[self.ties[name]].shape  # the tied entry (i, j) is (j, i)
-                index.append(starts[self.ties[name]] + np.arange(rows * cols).reshape(
-                    rows, cols).T.reshape(-1))
+            if name in self.ties:  # a transposed tie's entry (i, j) is its source's (j, i)
+                source = params[self.ties[name]]
+                index.append(starts[self.ties[name]] + self._as_tied(
+                    name, np.arange(int(np.prod(source.shape))).reshape(source.shape)
+                ).reshape(-1))
             else:
                 index.append(starts[name] + np.arange(int(np.prod(params[name].shape))))
         return np.concatenate(index), offset
@@ -883,7 +894,7 @@ class Chain:
             J = self.modules[lowest].jacobian(layers[lowest], inputs[lowest], name)
             for k in range(lowest + 1, self.depth):
                 J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
-            if _key(self.prefixes[lowest], name) in self.ties:  # columns in wrt's layout
+            if _key(self.prefixes[lowest], name) in self.transposed:  # in wrt's layout
                 rows, cols = params[wrt].shape
                 J = J[..., np.arange(rows * cols).reshape(cols, rows).T.reshape(-1)]
             total = J if total is None else total + J
@@ -909,9 +920,10 @@ class Chain:
                       [{k: self._wide(a) for k, a in d.items()} for d in directions])
         if per_sample:
             columns, lowest = [directions], 0
-        else:  # a tied parameter moves along its source's direction, transposed
-            directions = [{**d, **{tied: d[source].T for tied, source in self.ties.items()
-                                   if source in d}} for d in directions]
+        else:  # a tied parameter moves along its source's direction, as it reads it
+            directions = [{**d, **{tied: self._as_tied(tied, d[source])
+                                   for tied, source in self.ties.items() if source in d}}
+                          for d in directions]
             columns = [[{name: d[_key(prefix, name)] for name in names if _key(prefix, name) in d}
                         for prefix, names in zip(self.prefixes, self.part_params)]
                        for d in directions]

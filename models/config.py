@@ -17,6 +17,9 @@ TOML data, validated in full (each part as a sublayer config) and never evaluate
 language-model head tied to its token table, Hugging Face's ``tie_word_embeddings``): it needs
 an ``[embedding]`` with its projection and a ``[head]`` over every row (``pooling = "none"``),
 and its vocabulary is then both the embedding's ``p`` and the head's ``c``.
+``share_relative_bias = true`` gives every block the first block's relative-position table
+``E_rel`` (T5, whose later blocks reuse the first one's bias); it needs ``relative_bias`` in
+``[block]``.
 
 Parameters are named in the style of a ``state_dict``: ``embedding.W_E``, ``blocks.3.W_Q``,
 ``norm.gamma``, ``head.W_H``.
@@ -45,10 +48,14 @@ class ModelConfig:
     norm: Config | None = None
     head: Config | None = None
     tie_embeddings: bool = False
+    share_relative_bias: bool = False
 
     def ties(self) -> dict[str, str]:
         """The tied parameters, as :class:`~curvgap.models.Chain` takes them."""
-        return {"head.W_H": "embedding.W_E"} if self.tie_embeddings else {}
+        ties = {"head.W_H": "embedding.W_E.T"} if self.tie_embeddings else {}
+        if self.share_relative_bias:
+            ties.update({f"blocks.{k}.E_rel": "blocks.0.E_rel" for k in range(1, self.depth)})
+        return ties
 
     def parts(self) -> list[tuple[str, Config]]:
         """The parts in order with their prefixes (``"embedding"``, ``"blocks.0"``, …,
@@ -63,7 +70,7 @@ class ModelConfig:
 
 def validate_model(data: dict, source: str = "model config") -> ModelConfig:
     """A :class:`ModelConfig` from a TOML table, or :class:`ConfigError` naming the entry."""
-    allowed = ("name", "depth", "loss", "tie_embeddings", *SECTIONS)
+    allowed = ("name", "depth", "loss", "tie_embeddings", "share_relative_bias", *SECTIONS)
     unknown = [key for key in data if key not in allowed]
     if unknown:
         raise ConfigError(f"{source}: unknown key '{unknown[0]}'; allowed keys: "
@@ -95,9 +102,13 @@ def validate_model(data: dict, source: str = "model config") -> ModelConfig:
         parts[section] = validate({**table, "name": f"{name}_{section}", "kind": kind}, where)
     loss = data.get("loss", "mse")
     validate({"name": name, "loss": loss}, source)  # a loss name, checked as for a sublayer
-    tie = data.get("tie_embeddings", False)
-    if not isinstance(tie, bool):
-        raise ConfigError(f"{source}: 'tie_embeddings' must be true or false, got {tie!r}")
+    tie, share = data.get("tie_embeddings", False), data.get("share_relative_bias", False)
+    for key, value in (("tie_embeddings", tie), ("share_relative_bias", share)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
+    if share and not parts["block"].relative_bias:
+        raise ConfigError(f"{source}: 'share_relative_bias' shares the blocks' E_rel: it needs "
+                          f"relative_bias = true in [block]")
     if tie:
         embedding, head = parts.get("embedding"), parts.get("head")
         if embedding is None or not embedding.projection or head is None \
@@ -105,7 +116,8 @@ def validate_model(data: dict, source: str = "model config") -> ModelConfig:
             raise ConfigError(f"{source}: 'tie_embeddings' reads the head's W_H as the "
                               f"embedding's W_E transposed: it needs an [embedding] with "
                               f"projection = true and a [head] with pooling = \"none\"")
-    return ModelConfig(name, depth, loss, **parts, tie_embeddings=tie)
+    return ModelConfig(name, depth, loss, **parts, tie_embeddings=tie,
+                       share_relative_bias=share)
 
 
 def load_model(path: str | Path) -> ModelConfig:

@@ -12,7 +12,7 @@ import torch
 
 from curvgap.codegen.verify import random_case, reference_loss, reference_output
 from curvgap.derivations.config import ConfigError
-from curvgap.models import Model, validate_model
+from curvgap.models import Chain, Model, validate_model
 
 B = 2
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}  # every size differs
@@ -259,37 +259,60 @@ def test_diagonals_and_gauss_newton_products_equal_autograd(case, expected, back
     assert relative(model.diagonal(params, X, T, wrt=wrt), full[index]) <= 1e-10
 
 
-#: A causal language model on one-hot token rows, its head tied to the token table.
+#: A causal language model on one-hot token rows, its head tied to the token table; and a
+#: T5-style stack whose blocks share the first one's relative-position table.
 TIED = {"name": "tiny_lm", "depth": 2, "loss": "cross_entropy", "tie_embeddings": True,
         "embedding": {"positional": True},
         "block": {"norm_position": "pre", "heads": 2, "out_proj": True, "affine": True,
                   "eps": 1e-5, "causal": True, "activation": "gelu_tanh"},
         "norm": {"affine": True, "eps": 1e-5},
         "head": {"pooling": "none"}}
-TIED_DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 6}  # c = p: the vocabulary
+SHARED = {"name": "tiny_t5", "depth": 3, "loss": "mse", "share_relative_bias": True,
+          "block": {"norm_position": "pre", "norm": "rmsnorm", "heads": 2, "out_proj": True,
+                    "relative_bias": True, "relative_buckets": 8, "relative_max_distance": 4,
+                    "eps": 1e-6}}
+TIED_CASES = {  # the config, its sizes (c = p: the vocabulary), the tied source, a second wrt
+    "tie_embeddings": (TIED, {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 6},
+                       "embedding.W_E", "blocks.1.W_Q"),
+    "share_relative_bias": (SHARED, {"L": 7, "d": 4, "d_k": 3, "d_ff": 5},
+                            "blocks.0.E_rel", "blocks.2.W_V")}
+
+
+def _tied_case(name: str, backend: str):
+    table, dims, source, other = TIED_CASES[name]
+    model = Model(validate_model(table), backend=backend)
+    gen = torch.Generator().manual_seed(6)
+    params = {n: 0.6 * torch.randn(shape, generator=gen, dtype=torch.float64)
+              + (1.0 if "gamma" in n else 0.0) for n, shape in model.parameter_shapes(dims).items()}
+    if "p" in dims:
+        X = torch.nn.functional.one_hot(torch.randint(0, dims["p"], (B, dims["L"]),
+                                                      generator=gen), dims["p"]).double()
+        T = torch.randint(0, dims["p"], (B, dims["L"]), generator=gen)
+    else:
+        X = torch.randn(B, dims["L"], dims["d"], generator=gen, dtype=torch.float64)
+        T = torch.randn(B, dims["L"], dims["d"], generator=gen, dtype=torch.float64)
+    return model, params, X, T, source, other
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
-def test_a_head_tied_to_the_embedding_equals_autograd(backend):
-    """``tie_embeddings``: ``head.W_H`` is ``embedding.W_E`` transposed, one parameter whose
+@pytest.mark.parametrize("name", list(TIED_CASES))
+def test_tied_parameters_equal_autograd(name, backend):
+    """``tie_embeddings`` (``head.W_H`` is ``embedding.W_E`` transposed) and
+    ``share_relative_bias`` (every block reads ``blocks.0.E_rel``): one parameter whose
     gradient, Hessian (with its cross blocks), Gauss–Newton part, products and Jacobian sum
-    both places; against autograd on the plain-PyTorch model that reads ``W_E`` twice."""
-    model = Model(validate_model(TIED), backend=backend)
-    assert "head.W_H" not in model.PARAMS and "embedding.W_E" in model.PARAMS
-    gen = torch.Generator().manual_seed(6)
-    shapes = model.parameter_shapes(TIED_DIMS)
-    params = {name: 0.6 * torch.randn(shape, generator=gen, dtype=torch.float64)
-              + (1.0 if "gamma" in name else 0.0) for name, shape in shapes.items()}
-    X = torch.nn.functional.one_hot(torch.randint(0, 6, (B, 3), generator=gen), 6).double()
-    T = torch.randint(0, 6, (B, 3), generator=gen)
-    flat = torch.cat([params[name].reshape(-1) for name in model.PARAMS])
-    sizes = [params[name].numel() for name in model.PARAMS]
+    its places; against autograd on the plain-PyTorch model that reads it in each place."""
+    model, params, X, T, source, other = _tied_case(name, backend)
+    assert source in model.PARAMS and not set(model.ties) & set(model.PARAMS)
+    flat = torch.cat([params[n].reshape(-1) for n in model.PARAMS])
+    sizes = [params[n].numel() for n in model.PARAMS]
     parts = model.config.parts()
 
     def outputs(vector, X=X):
         values = {n: part.reshape(params[n].shape)
                   for n, part in zip(model.PARAMS, torch.split(vector, sizes))}
-        values["head.W_H"] = values["embedding.W_E"].T
+        for tied, tied_source in model.ties.items():  # each place reads the one parameter
+            values[tied] = values[tied_source].T if tied in model.transposed \
+                else values[tied_source]
         result = []
         for x in X:
             for (prefix, config), names in zip(parts, model.part_params):
@@ -306,7 +329,8 @@ def test_a_head_tied_to_the_embedding_equals_autograd(backend):
     curvature = torch.stack([F.hessian(lambda z, t=t: reference_loss(parts[-1][1], z, t), z)
                              .reshape(J.shape[1], J.shape[1]) for z, t in zip(outputs(flat), T)])
     gauss_newton = torch.einsum("bri,brs,bsj->ij", J, curvature, J) / B
-    V = torch.randn(flat.numel(), 2, generator=gen, dtype=torch.float64)
+    V = torch.randn(flat.numel(), 2, generator=torch.Generator().manual_seed(7),
+                    dtype=torch.float64)
     P, Xb, Tb = convert(backend, params, X, T)
     Vb = V if backend == "torch" else V.numpy()
     assert relative(model.loss(P, Xb, Tb), loss(flat)) <= 1e-12
@@ -315,24 +339,38 @@ def test_a_head_tied_to_the_embedding_equals_autograd(backend):
     assert relative(model.loss_hessian(P, Xb, Tb, part="gauss_newton"), gauss_newton) <= 1e-10
     assert relative(model.hvp(P, Xb, Tb, Vb), H @ V) <= 1e-10
     assert relative(model.gnvp(P, Xb, Tb, Vb[:, 0]), gauss_newton @ V[:, 0]) <= 1e-10
-    # a subset holding the tied weight: its block sums four places' blocks
-    wrt = ["embedding.W_E", "blocks.1.W_Q"]
+    # a subset holding the tied parameter: its block sums the blocks between its places
+    wrt = [n for n in model.PARAMS if n in (source, other)]
     index = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
                                     sum(sizes[:model.PARAMS.index(n) + 1])) for n in wrt])
     assert relative(model.loss_hessian(P, Xb, Tb, wrt=wrt), H[index][:, index]) <= 1e-10
     assert relative(model.hvp(P, Xb, Tb, Vb[index.numpy(), 0], wrt=wrt),
                     H[index][:, index] @ V[index, 0]) <= 1e-10
-    W_E = index[:params["embedding.W_E"].numel()]
-    assert relative(model.jacobian(P, Xb, "embedding.W_E"), J[:, :, W_E]) <= 1e-12
+    start = sum(sizes[:model.PARAMS.index(source)])
+    columns = slice(start, start + params[source].numel())
+    assert relative(model.jacobian(P, Xb, source), J[:, :, columns]) <= 1e-12
     H_Xt = torch.stack([F.jacobian(lambda w, x=x, t=t: F.jacobian(
         lambda y: reference_loss(parts[-1][1], outputs(w, y[None])[0], t), x,
         create_graph=True).reshape(-1), flat) for x, t in zip(X, T)])
     assert relative(model.loss_hessian_mixed(P, Xb, Tb), H_Xt) <= 1e-10
-    with pytest.raises(NotImplementedError, match=r"diagonal: embedding.W_E is tied"):
+    with pytest.raises(NotImplementedError, match=rf"diagonal: {source} is tied"):
         model.diagonal(P, Xb, Tb)
-    rest = [n for n in model.PARAMS if n != "embedding.W_E"]
+    rest = [n for n in model.PARAMS if n != source]
     kept = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
                                    sum(sizes[:model.PARAMS.index(n) + 1])) for n in rest])
     assert relative(model.diagonal(P, Xb, Tb, wrt=rest), torch.diagonal(H)[kept]) <= 1e-10
-    with pytest.raises(ValueError, match=r"sizes: head.W_H is embedding.W_E transposed"):
-        model.parameter_shapes({**TIED_DIMS, "c": 7})
+
+
+def test_tied_sizes_and_ties_are_checked():
+    model = Model(validate_model(TIED))
+    with pytest.raises(ValueError, match=r"sizes: head.W_H is embedding.W_E transposed, so its "
+                                         r"shape must be \(4, 6\); these sizes give \(4, 7\)"):
+        model.parameter_shapes({**TIED_CASES["tie_embeddings"][1], "c": 7})
+    parts = model.config.parts()
+    with pytest.raises(ValueError, match=r"ties: expected names of the parts' parameters"):
+        Chain(parts, ties={"head.W_X": "embedding.W_E.T"})
+    with pytest.raises(ValueError, match=r"tied to an untied parameter"):
+        Chain(parts, ties={"head.W_H": "embedding.W_E.T", "embedding.W_E": "head.b_H"})
+    with pytest.raises(ConfigError, match=r"'share_relative_bias' shares the blocks' E_rel: "
+                                          r"it needs relative_bias = true"):
+        validate_model({**TABLE, "share_relative_bias": True})
