@@ -82,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="derive and write generated modules")
     gen.add_argument("--config", action="append", metavar="FILE",
-                     help="a config to generate (repeatable; default: every shipped config)")
+                     help="a config to generate, or a model config (its sublayers' "
+                          "modules, and the model verified; repeatable; default: every "
+                          "shipped config)")
     gen.add_argument("--out", metavar="DIR", help="output folder (default: generated/)")
     gen.add_argument("--check", action="store_true",
                      help="write nothing; fail if a file is missing, stale or hand-edited")
@@ -135,13 +137,14 @@ def _generate(args: argparse.Namespace) -> int:
         relative_path,
         stale_files,
     )
-    from .verification import verify
+    from .verification import split_models, verify
 
     start = time.perf_counter()
     try:
+        paths, models = split_models(args.config)  # a model config: its sublayers' modules
         if args.check:
             print("checking generated files:")
-            problems = stale_files(args.config, args.out)
+            problems = stale_files(paths, args.out)
             for path, state in problems:
                 print(f"  {path}: {state}", file=sys.stderr)
             if problems:
@@ -151,7 +154,7 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"all generated files are up to date ({time.perf_counter() - start:.1f} s)")
             return 0
         print("deriving and generating:")
-        written = generate(args.config, args.out, args.force)
+        written = generate(paths, args.out, args.force)
         if written:
             print(f"wrote {len(written)} files in {time.perf_counter() - start:.1f} s:")
             for path in written:
@@ -160,10 +163,10 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"nothing changed: every file is current ({time.perf_counter() - start:.1f} s)")
         if not args.no_verify:
             folder = output_folder(args.out)
-            configs = {c.name: c for c in load_configs(args.config, folder)}
+            configs = {c.name: c for c in load_configs(paths, folder)}
             modules = [folder / relative_path(c, b) for c in configs.values()
                        for b in MODULE_BACKENDS]
-            if not verify(modules, configs):
+            if not verify(modules, configs, models):
                 print("verification FAILED", file=sys.stderr)
                 return 1
             print(f"done in {time.perf_counter() - start:.1f} s")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..codegen import output
 from ..codegen.resources import CONFIGS, shipped_configs
-from ..derivations.config import ConfigError, load
+from ..derivations.config import ConfigError, load, read_table
 
 
 def check(args: argparse.Namespace) -> None:
@@ -23,8 +23,14 @@ def check(args: argparse.Namespace) -> None:
                 output.check_switchable(folder)
         for given in args.config or ():
             _check_file(given, "--config", "a TOML file")
-        for given in args.config or ():  # (validating a config may import SymPy)
-            load(given)
+        if args.config:  # (validating a config may import SymPy, a model config torch)
+            from ..models.config import is_model_table, validate_model
+        for given in args.config or ():
+            table = read_table(given)
+            if is_model_table(table):
+                validate_model(table, given)
+            else:
+                load(given)
     elif args.command == "latex":
         path = latex_path(args.name)
         folder = _folder(args.out)

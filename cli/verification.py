@@ -20,7 +20,9 @@ import torch
 
 from ..codegen import verify as checks
 from ..codegen.verify import check_module
-from ..derivations.config import Config
+from ..derivations.config import Config, read_table
+from ..models.config import ModelConfig, is_model_table, validate_model
+from ..models.verify import check_model, model_dims
 
 TOLERANCE = 1e-10
 #: Sizes of the check: L, d, d_k, d_ff (and an embedding's features p, a head's classes c)
@@ -74,10 +76,29 @@ def _load_module(path: Path):
     return module
 
 
-def verify(paths: list[Path], configs: dict[str, Config]) -> bool:
+def split_models(paths: list[str] | None) -> tuple[list | None, list[ModelConfig]]:
+    """``--config`` files with each model config (a file with ``depth``) replaced by its
+    distinct sublayer configs (:meth:`ModelConfig.sublayers`): ``(files and configs, the
+    model configs)``; None (every shipped config) as it is."""
+    if paths is None:
+        return None, []
+    expanded, models = [], []
+    for path in paths:
+        table = read_table(path)
+        if is_model_table(table):
+            models.append(validate_model(table, str(path)))
+            expanded += models[-1].sublayers()
+        else:
+            expanded.append(path)
+    return expanded, models
+
+
+def verify(paths: list[Path], configs: dict[str, Config],
+           models: list[ModelConfig] = ()) -> bool:
     """Check each module of ``paths`` against torch.func (a module verified before is not
-    run again): a line naming each module before its checks and one with its result as they
-    happen, then the table of all; whether all passed."""
+    run again), then each model of ``models`` as the chain of its parts against autograd on
+    its plain-PyTorch twin (ties included): a line naming each before its checks and one
+    with its result as they happen, then the table of all; whether all passed."""
     print(f"\nverification against torch.func (float64, B = 2, L = {BASE_DIMS['L']}, "
           f"d_k = {BASE_DIMS['d_k']}, d_ff = {BASE_DIMS['d_ff']}, d = 6 or the next multiple "
           "of the heads; tolerance 1e-10 relative):", flush=True)
@@ -107,6 +128,19 @@ def verify(paths: list[Path], configs: dict[str, Config]) -> bool:
                 _write_cache(cache)
         rows.append(f"  {path.stem:<22}{path.parent.name:<9}{count:>7}  {error:>15.2e}  "
                     f"{worst}  {note}")
+    for k, (model, backend) in enumerate([(m, b) for m in models for b in ("numpy", "torch")],
+                                         1):
+        name = f"  [model {k}/{2 * len(models)}] {model.name} ({backend})"
+        print(f"{name}: checking the chain of its parts ...", flush=True)
+        start = time.perf_counter()
+        errors = check_model(model, backend, model_dims(model, verify_dims(model.block)))
+        worst = max(errors, key=errors.get)
+        passed, seconds = errors[worst] <= TOLERANCE, time.perf_counter() - start
+        ok &= passed
+        print(f"{name}: {len(errors)} checks, max rel. error {errors[worst]:.2e} ({worst})"
+              f"{'' if passed else ', FAILED'}, {seconds:.1f} s", flush=True)
+        rows.append(f"  {model.name:<22}{backend:<9}{len(errors):>7}  {errors[worst]:>15.2e}  "
+                    f"{worst}  {'' if passed else 'FAILED  '}(model, {seconds:.1f} s)")
     print(f"\n  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
     print("\n".join(rows), flush=True)
     return ok

@@ -224,13 +224,14 @@ def _recover(folder: Path) -> None:
                               f"{error}") from None
 
 
-def load_configs(paths: list[str | Path] | None = None,
+def load_configs(paths: list[str | Path | Config] | None = None,
                  out_dir: Path | None = None) -> list[Config]:
-    """Validated configs from ``paths`` (default: the shipped ones): names unique, not the
+    """Validated configs from ``paths`` (files, or configs already validated; default: the
+    shipped ones): names unique, not the
     name of a module the generated code imports or of a backend (a file of that name would
     shadow it), and, when ``out_dir`` is the package's ``generated/``, not the name of a
     shipped config unless it is that config."""
-    configs = [load(p) for p in (paths or shipped_configs())]
+    configs = [p if isinstance(p, Config) else load(p) for p in (paths or shipped_configs())]
     names = [c.name for c in configs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -269,7 +270,7 @@ def output_folder(out_dir: str | Path | None) -> Path:
     return path
 
 
-def generate(paths: list[str | Path] | None = None, out_dir: str | Path | None = None,
+def generate(paths: list[str | Path | Config] | None = None, out_dir: str | Path | None = None,
              force: bool = False, report: Callable[[str], None] = print) -> list[Path]:
     """Derive, render and write the modules of ``paths`` (default: every shipped config)
     under ``out_dir`` (default: the package's ``generated/``), skipping the configs whose
@@ -289,7 +290,7 @@ def generate(paths: list[str | Path] | None = None, out_dir: str | Path | None =
     return write(rendered, folder, force) if rendered else []
 
 
-def stale_files(paths: list[str | Path] | None = None, out_dir: str | Path | None = None
+def stale_files(paths: list[str | Path | Config] | None = None, out_dir: str | Path | None = None
                 ) -> list[tuple[str, str]]:
     """The generated files that are missing, stale or hand-edited (read from their headers,
     nothing derived), and leftovers of an interrupted run; the Python API of

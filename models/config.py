@@ -67,6 +67,18 @@ class ModelConfig:
         last_prefix, last = parts[-1]
         return parts[:-1] + [(last_prefix, replace(last, loss=self.loss))]
 
+    def sublayers(self) -> list[Config]:
+        """The distinct sublayer configs of the parts (``<name>_embedding``,
+        ``<name>_block``, …), each generated as a module of its own; the last one with the
+        model's loss."""
+        distinct = {part.name: part for _, part in self.parts()}
+        return list(distinct.values())
+
+
+def is_model_table(data: dict) -> bool:
+    """Whether a config file's table is a model config (it has ``depth``)."""
+    return "depth" in data
+
 
 def validate_model(data: dict, source: str = "model config") -> ModelConfig:
     """A :class:`ModelConfig` from a TOML table, or :class:`ConfigError` naming the entry."""

@@ -135,7 +135,7 @@ def test_the_class_token_placeholder_row_is_not_read(case):
     ({"loss": "hinge"}, r"'loss' must be one of"),
     ({"name": "../x"}, r"'name' must be a Python identifier"),
     ({"blocks": {}}, r"unknown key 'blocks'; allowed keys: name, depth, loss, "
-                     r"tie_embeddings, embedding, block, norm, head"),
+                     r"tie_embeddings, share_relative_bias, embedding, block, norm, head"),
     ({"tie_embeddings": 1}, r"'tie_embeddings' must be true or false, got 1"),
     ({"tie_embeddings": True}, r"'tie_embeddings' reads the head's W_H as the embedding's W_E "
                                r"transposed: it needs .* pooling = \"none\""),
@@ -374,3 +374,46 @@ def test_tied_sizes_and_ties_are_checked():
     with pytest.raises(ConfigError, match=r"'share_relative_bias' shares the blocks' E_rel: "
                                           r"it needs relative_bias = true"):
         validate_model({**TABLE, "share_relative_bias": True})
+
+
+@pytest.mark.parametrize("table", [TIED, SHARED], ids=["tie_embeddings", "share_relative_bias"])
+def test_generate_writes_and_verifies_a_model_config(table, tmp_path, capsys, monkeypatch):
+    """``curvgap generate --config model.toml``: the model's sublayer modules are written and
+    verified, and the model itself, as the chain of its parts with its ties, is checked
+    against autograd on its plain-PyTorch twin, one row per backend."""
+    from curvgap.cli import main
+
+    monkeypatch.setenv("CURVGAP_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.toml"
+    path.write_text(_toml(table))
+    assert main(["generate", "--config", str(path), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    parts = {f"{table['name']}_{section}" for section in ("embedding", "block", "norm", "head")
+             if section in table}
+    assert {p.stem for p in (tmp_path / "out" / "torch").glob("*.py")} >= parts
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith(f"  {table['name']} ") and "(model," in line]
+    assert [row[1] for row in rows] == ["numpy", "torch"]
+    assert all(float(row[3]) <= 1e-10 for row in rows), rows
+
+
+def test_the_model_check_sees_a_tie_left_out(monkeypatch):
+    """The model check fails when the chain drops a tied place's share (its reference reads
+    the tied parameter in every place)."""
+    from curvgap.models import verify
+
+    monkeypatch.setattr(Chain, "_folded", lambda self, pieces: {
+        k: v for k, v in pieces.items() if k not in self.ties})
+    errors = verify.check_model(validate_model(TIED), "torch", TIED_CASES["tie_embeddings"][1])
+    assert errors["gradient"] > 1e-3 and errors["hvp"] > 1e-3
+
+
+def _toml(table: dict) -> str:
+    """``table`` (one level of sub-tables) as TOML."""
+    def value(v):
+        return str(v).lower() if isinstance(v, bool) else repr(v).replace("'", '"')
+    lines = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for section, options in table.items():
+        if isinstance(options, dict):
+            lines += [f"[{section}]", *(f"{k} = {value(v)}" for k, v in options.items())]
+    return "\n".join(lines) + "\n"
