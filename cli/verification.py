@@ -25,9 +25,10 @@ from ..models.config import ModelConfig, is_model_table, validate_model
 from ..models.verify import check_model, model_dims
 
 TOLERANCE = 1e-10
-#: Sizes of the check: L, d, d_k, d_ff (and an embedding's features p, a head's classes c)
-#: all differ; d is raised to a multiple of the heads.
+#: Sizes of the check: L, d, d_k, d_ff (and an embedding's features p, a head's classes c, a
+#: cross-attention's rows of M, L_m) all differ; d is raised to a multiple of the heads.
 BASE_DIMS = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5, "p": 7, "c": 9}
+CROSS_ROWS = 2
 
 
 def verify_dims(config: Config) -> dict[str, int]:
@@ -35,7 +36,7 @@ def verify_dims(config: Config) -> dict[str, int]:
     d = BASE_DIMS["d"]
     while d % config.heads or d in (BASE_DIMS["L"], BASE_DIMS["d_k"], BASE_DIMS["d_ff"]):
         d += 1
-    return {**BASE_DIMS, "d": d}
+    return {**BASE_DIMS, "d": d, **({"L_m": CROSS_ROWS} if config.cross_attention else {})}
 
 
 def _cache_file() -> Path:

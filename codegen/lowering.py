@@ -36,7 +36,7 @@ from . import ir
 B = sizes.B
 NOMINAL = {B: 32, sizes.L: 16, sizes.d: 16, sizes.d_k: 16, sizes.d_ff: 64, sizes.h: 2,
            sizes.d_v: 8, sizes.g: 1, sizes.r: 2, sizes.d_r: 8, sizes.n_2: 2, sizes.n_r: 4,
-           sizes.n_u: 8, sizes.p: 16, sizes.c: 10, sizes.n_1: 1, sizes.R: 4}
+           sizes.n_u: 8, sizes.p: 16, sizes.c: 10, sizes.n_1: 1, sizes.R: 4, sizes.L_m: 16}
 LETTERS = [c for c in string.ascii_letters if c != "b"]
 
 

@@ -73,19 +73,14 @@ def sample_loss(config: Config, params: dict, x: torch.Tensor, t: torch.Tensor
     return reference_loss(config, reference_output(config, params, x), t)
 
 
-def batch_loss(config: Config, params: dict, X: torch.Tensor, target: torch.Tensor
-               ) -> torch.Tensor:
-    """The loss averaged over the batch ``X`` (``B×L×d``)."""
-    return vmap(lambda x, t: sample_loss(config, params, x, t))(X, target).mean()
-
-
 _TORCH_FUNCTIONS = [{name: getattr(torch, name) for name in
                      ("exp", "log", "cosh", "sinh", "tanh", "sqrt", "abs", "erf")}, "math"]
 
 
 def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int = 0,
                 dtype: torch.dtype = torch.float64) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """Random parameters (``gamma`` near 1), input and target for ``module``."""
+    """Random parameters (``gamma`` near 1) with the module's per-sample constants, input and
+    target for ``module``."""
     gen = torch.Generator().manual_seed(seed)
     dims = {**dims, **getattr(module, "_CONSTANT_DIMS", {})}
     if "h" in dims:  # the value width of a head
@@ -105,6 +100,8 @@ def random_case(module: ModuleType, dims: dict[str, int], batch: int, seed: int 
             value = 1 + 0.3 * value
         params[name] = value
     X = torch.randn(batch, *(size(s) for s in module.INPUT_SHAPE), generator=gen, dtype=dtype)
+    for name, shape in module.CONSTANTS:  # a second input (cross-attention's M), per sample
+        params[name] = torch.randn(batch, *(size(s) for s in shape), generator=gen, dtype=dtype)
     if module.LOSS == "cross_entropy":  # class indices of the rows of the output
         *rows, classes = (dims[s] for s in module.OUTPUT_SHAPE)
         target = torch.randint(0, classes, (batch, *rows), generator=gen)
@@ -121,21 +118,42 @@ class Reference:
                  target: torch.Tensor) -> None:
         self.config, self.params, self.X, self.target = config, params, X, target
         self.names = [name for name, _ in module.PARAMS]
+        #: the per-sample constants (cross-attention's M, ``(B, ...)``): each sample's rows
+        #: are in ``params`` while a function of that sample runs (:meth:`_each`)
+        self.per_sample = {name: params[name] for name, _ in module.CONSTANTS}
+
+    def _each(self, function):
+        """``vmap(function)`` over the samples, each sample's constants in ``self.params``
+        while ``function`` runs."""
+        def sample(*args):
+            *args, constants = args
+            shared = self.params
+            self.params = {**shared, **constants}
+            try:
+                return function(*args)
+            finally:
+                self.params = shared
+        return lambda *arrays: vmap(sample)(*arrays, self.per_sample)
+
+    def _batch_loss(self, params: dict) -> torch.Tensor:
+        """The batch loss with the parameters ``params`` (and each sample's constants)."""
+        return self._each(lambda x, t: sample_loss(self.config, {**self.params, **params},
+                                                   x, t))(self.X, self.target).mean()
 
     def forward(self) -> torch.Tensor:
-        return vmap(lambda x: reference_output(self.config, self.params, x))(self.X)
+        return self._each(lambda x: reference_output(self.config, self.params, x))(self.X)
 
     def loss(self) -> torch.Tensor:
-        return batch_loss(self.config, self.params, self.X, self.target)
+        return self._batch_loss({})
 
     def gradient(self, wrt: list[str]) -> torch.Tensor:
         """The batch loss's gradient over the parameters ``wrt`` (concatenated), or with
         ``["X"]`` each sample's own loss's gradient in its input ``(B, L·d)``."""
         if wrt == ["X"]:
-            per_sample = vmap(grad(lambda x, t: sample_loss(self.config, self.params, x, t)))
+            per_sample = self._each(grad(lambda x, t: sample_loss(self.config, self.params,
+                                                                  x, t)))
             return per_sample(self.X, self.target).reshape(self.X.shape[0], -1)
-        grads = grad(lambda p: batch_loss(self.config, {**self.params, **p}, self.X,
-                                          self.target))({n: self.params[n] for n in wrt})
+        grads = grad(self._batch_loss)({n: self.params[n] for n in wrt})
         return torch.cat([grads[n].reshape(-1) for n in wrt])
 
     def _out(self, x: torch.Tensor, values: dict) -> torch.Tensor:
@@ -149,7 +167,8 @@ class Reference:
     def jacobian(self, wrt: str) -> torch.Tensor:
         def sample(x):
             return jacrev(lambda a: self._out(x, {wrt: a}))(self._start(wrt, x))
-        return vmap(sample)(self.X).reshape(self.X.shape[0], self.forward()[0].numel(), -1)
+        return self._each(sample)(self.X).reshape(self.X.shape[0], self.forward()[0].numel(),
+                                                  -1)
 
     def output_hessian(self, first: str, second: str) -> torch.Tensor:
         def sample(x):
@@ -159,13 +178,13 @@ class Reference:
             return jacfwd(jacrev(lambda a, b: self._out(x, {first: a, second: b}), 0), 1)(
                 self._start(first, x), self._start(second, x))
         n_second = self._start(second, self.X[0]).numel()
-        return vmap(sample)(self.X).reshape(self.X.shape[0], -1, n_second)
+        return self._each(sample)(self.X).reshape(self.X.shape[0], -1, n_second)
 
     def loss_hessian(self, wrt: list[str]) -> torch.Tensor:
         if wrt == ["X"]:
             def one(x, t):
                 return sample_loss(self.config, self.params, x, t)
-            H = vmap(hessian(one))(self.X, self.target)
+            H = self._each(hessian(one))(self.X, self.target)
             n = self.X[0].numel()
             return H.reshape(-1, n, n)
         shapes = [self.params[name].shape for name in wrt]
@@ -173,10 +192,8 @@ class Reference:
 
         def flat(vector):
             parts = torch.split(vector, sizes)
-            params = dict(self.params)
-            for name, part, shape in zip(wrt, parts, shapes):
-                params[name] = part.reshape(shape)
-            return batch_loss(self.config, params, self.X, self.target)
+            return self._batch_loss({name: part.reshape(shape)
+                                     for name, part, shape in zip(wrt, parts, shapes)})
 
         return hessian(flat)(torch.cat([self.params[name].reshape(-1) for name in wrt]))
 
@@ -188,7 +205,7 @@ class Reference:
                 return grad(lambda xx: sample_loss(self.config, merged, xx, t))(x)
             blocks = jacrev(input_gradient)({n: self.params[n] for n in wrt})
             return torch.cat([blocks[n].reshape(x.numel(), -1) for n in wrt], dim=1)
-        return vmap(one)(self.X, self.target)
+        return self._each(one)(self.X, self.target)
 
     def gauss_newton(self, wrt: list[str]) -> torch.Tensor:
         """``mean_b J_b^T (∂²ℓ/∂Z²) J_b`` with every factor from autograd."""

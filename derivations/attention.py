@@ -55,14 +55,17 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     indexed ``(g, r)``. With ``rotary`` each head's ``d_k`` entries of ``Q`` and ``K`` are
     split into halves ``(n_2, d_r)``, ``d_r = d_k/2``, and the pair of entries ``m`` and
     ``d_r + m`` of row ``i`` is turned by the angle ``i · base^(-m/d_r)``
-    (:meth:`Graph.rotary`)."""
+    (:meth:`Graph.rotary`). With ``cross_attention`` the keys and values are those of a
+    second input ``M`` (``L_m×d``, an encoder's states), a per-sample constant of the call:
+    ``softmax(s (X W_Q)(M W_K)^T) (M W_V)``."""
     heads, out_proj, biased = config.heads, config.out_proj, config.attention_bias
     L, d, d_k = sizes.L, sizes.d, sizes.d_k
     d_v = d_k if config.value_width == "d_k" else sizes.d_v
     if heads > 1 and not out_proj:
         raise NotImplementedError("heads > 1 without out_proj")
     split = heads > 1
-    i, j, c = g.index(L, "i"), g.index(L, "j"), g.index(d, "c")
+    keyed = sizes.L_m if config.cross_attention else L  # the rows keys and values come from
+    i, j, c = g.index(L, "i"), g.index(keyed, "j"), g.index(d, "c")
     if config.kv_heads:  # query head (kv head, member of its group)
         kv_heads = (g.index(sizes.g, "g"),)
         query_heads = (*kv_heads, g.index(sizes.r, "r"))
@@ -84,10 +87,13 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
         if name.lower() in biased:
             biases[name] = g.input(f"b_{name}", shape, role="param", batched=False)
             params.append(biases[name])
+    # cross-attention: keys and values from M (L_m×d, the encoder's states), given per sample
+    # with the call and held constant (no derivative is taken in it)
+    M = g.input("M", (keyed, d), role="constant") if config.cross_attention else X
     projected = {}
-    for name, rows in (("Q", i), ("K", j), ("V", j)):
+    for name, rows, source in (("Q", i, X), ("K", j, M), ("V", j, M)):
         entry = (*heads_of[name], *columns_of[name])
-        value = X[rows, c] * weights[name][(c, *entry)]
+        value = source[rows, c] * weights[name][(c, *entry)]
         if name in biases:
             value = value + biases[name][entry]
         projected[name] = g.node(name, (rows, *entry), value)
@@ -182,8 +188,12 @@ def describe(config: Config) -> str:
     if config.value_width == "d_k":
         heads += ", values of width d_k (W_O maps the heads back to d)"
     bias = {p: f" + b_{p.upper()}" if p in config.attention_bias else "" for p in "qkvo"}
-    query, key = f"(X W_Q{bias['q']})", f"(X W_K{bias['k']})"
-    values, out = f"(X W_V{bias['v']})", f" W_O{bias['o']}"
+    keyed = "M" if config.cross_attention else "X"
+    query, key = f"(X W_Q{bias['q']})", f"({keyed} W_K{bias['k']})"
+    values, out = f"({keyed} W_V{bias['v']})", f" W_O{bias['o']}"
+    if config.cross_attention:
+        heads += (", cross-attention: keys and values from M (L_m × d, the encoder's states, "
+                  "a constant input of the call)")
     if config.rotary:
         query, key = f"rot{query}", f"rot{key}"
         turned = ("" if config.rotary_fraction == 1 else
@@ -200,9 +210,9 @@ def describe(config: Config) -> str:
     if config.attention_bias.strip("o") or config.rotary:
         scores = f"{query} {key}^T"
     else:
-        scores = "X W_Q W_K^T X^T"
+        scores = f"X W_Q W_K^T {keyed}^T"
     if not bias["v"]:
-        values = "X W_V"
+        values = f"{keyed} W_V"
     scale = (f"{config.attention_scale!r} {scores}" if config.attention_scale
              else f"{scores} / sqrt(d_k)")
     if config.relative_bias:
@@ -287,14 +297,16 @@ def _rotate(x: torch.Tensor, config: Config) -> torch.Tensor:
 
 def reference(config: Config, params: dict, X: torch.Tensor) -> torch.Tensor:
     """The sublayer on one sample ``X`` (``L×d``) in plain PyTorch, parameters in the shapes
-    users pass (``W_Q``: ``d × h·d_k``, ``W_K``: ``d × g·d_k``)."""
+    users pass (``W_Q``: ``d × h·d_k``, ``W_K``: ``d × g·d_k``); with ``cross_attention``
+    the sample's second input ``params["M"]`` (``L_m×d``)."""
     h, L, d = config.heads, X.shape[0], X.shape[1]
     kv = config.kv_heads or h
     d_k = params["W_Q"].shape[1] // h
+    M = params["M"] if config.cross_attention else X
     Q = (X @ params["W_Q"] + params.get("b_Q", 0.0)).reshape(L, h, d_k).transpose(0, 1)
-    K = (X @ params["W_K"] + params.get("b_K", 0.0)).reshape(L, kv, d_k).transpose(0, 1)
+    K = (M @ params["W_K"] + params.get("b_K", 0.0)).reshape(len(M), kv, d_k).transpose(0, 1)
     d_v = d_k if config.value_width == "d_k" else d // h
-    V = (X @ params["W_V"] + params.get("b_V", 0.0)).reshape(L, kv, d_v).transpose(0, 1)
+    V = (M @ params["W_V"] + params.get("b_V", 0.0)).reshape(len(M), kv, d_v).transpose(0, 1)
     if config.rotary:
         Q, K = _rotate(Q, config), _rotate(K, config)
     K, V = K.repeat_interleave(h // kv, 0), V.repeat_interleave(h // kv, 0)

@@ -59,6 +59,7 @@ APPLIES_TO = {
     "rotary_attention_factor": ("block", "self_attention"),
     "value_width": ("block", "self_attention"),
     "relative_bias": ("block", "self_attention"),
+    "cross_attention": ("self_attention",),
     "relative_buckets": ("block", "self_attention"),
     "relative_max_distance": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm", "head"),
@@ -120,6 +121,7 @@ class Config:
     relative_buckets: int = 32  # T5's relative_attention_num_buckets
     relative_max_distance: int = 128  # T5's relative_attention_max_distance
     value_width: str = "d/h"  # a head's value width: d/h, or d_k as queries' (Gemma, T5)
+    cross_attention: bool = False  # keys and values from a second input M (encoder states)
     norm_bias: bool = True
     norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
     shared_norm: bool = False  # a parallel block's two branches read one norm (Phi, Falcon)
@@ -205,6 +207,11 @@ def validate(data: dict, source: str = "config") -> Config:
                           f"none), got {data['logit_softcap']!r}")
     _check_rotary(data, source)
     _check_relative(data, source)
+    crossed = [key for key in ("causal", "rotary", "relative_bias") if data.get(key, False)]
+    if data.get("cross_attention", False) and crossed:
+        raise ConfigError(f"{source}: 'cross_attention' attends to the rows of a second input "
+                          f"M, which have no order relative to X's rows: it cannot go with "
+                          f"{crossed[0]} = true")
     floats = {key: float(data[key]) for key in data
               if key.startswith("rotary_") and isinstance(Config.__dataclass_fields__[key]
                                                          .default, float)}

@@ -1,5 +1,6 @@
 """The size symbols: batch, sequence length, widths, heads, rotary halves, input features,
-classes, and the rows of a parameter a chunked diagonal takes at once."""
+classes, the rows of a parameter a chunked diagonal takes at once, and the rows of a
+cross-attention's second input."""
 
 import sympy as sp
 
@@ -20,3 +21,4 @@ c = sp.Symbol("c", positive=True, integer=True)      # classes (outputs) of a he
 n_u = sp.Symbol("n_u", positive=True, integer=True)  # relative-position buckets (a constant)
 n_1 = sp.Symbol("n_1", positive=True, integer=True)  # the one row a pooling keeps, 1
 R = sp.Symbol("R", positive=True, integer=True)      # rows of a parameter taken at once
+L_m = sp.Symbol("L_m", positive=True, integer=True)  # rows of a cross-attention's second input

@@ -120,6 +120,11 @@ VARIANTS = {
     "head_pooled_norm": ('kind = "head"\npooling = "mean"\npooled_norm = true\naffine = true\n'
                          'eps = 1e-6\nloss = "cross_entropy"'),
     "bert_pooler_head": 'kind = "head"\npooling = "first"\npooler = true\nloss = "cross_entropy"',
+    # cross-attention: keys and values from a second input M (L_m × d), one per sample
+    "cross_attention": 'kind = "self_attention"\nheads = 2\nout_proj = true\ncross_attention = true',
+    "cross_attention_gqa_bias": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
+                                 'out_proj = true\ncross_attention = true\n'
+                                 'attention_bias = "qvo"\nvalue_width = "d_k"'),
     "attention_value_width_gqa": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
                                   'out_proj = true\nvalue_width = "d_k"\n'
                                   'attention_bias = "qkv"'),
@@ -131,9 +136,12 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
                                           "gemma2_block", "qwen2_biases_qkv",
                                           "rotary_linear", "rotary_yarn", "rotary_llama3",
                                           "gemma_value_width", "attention_value_width_gqa")}
-#: Partial rotary: a head's width in 2/fraction chunks (4 for GPT-NeoX's 1/2, 5 for Phi's 0.4),
-#: a sequence longer than the trained length (dynamic NTK grows its base).
-DIMS_OF.update(neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
+#: Cross-attention: M's rows L_m differ from every other size. Partial rotary: a head's width in
+#: 2/fraction chunks (4 for GPT-NeoX's 1/2, 5 for Phi's 0.4), a sequence longer than the
+#: trained length (dynamic NTK grows its base).
+DIMS_OF.update(cross_attention={**DIMS, "L_m": 6},
+               cross_attention_gqa_bias={"L": 3, "d": 8, "d_k": 6, "d_ff": 5, "L_m": 4},
+               neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
                phi_partial_rotary={"L": 3, "d": 8, "d_k": 10, "d_ff": 5},
                rotary_dynamic_ntk={"L": 5, "d": 4, "d_k": 6, "d_ff": 7},
                t5_encoder_block={"L": 7, "d": 4, "d_k": 5, "d_ff": 3},
@@ -286,6 +294,12 @@ def test_custom_loss_module_names_its_loss(variant):
      "'relative_buckets' must be an even number >= 4"),
     ({"kind": "block", "relative_bias": True, "relative_buckets": 8,
       "relative_max_distance": 2}, "'relative_max_distance' must exceed the 2 exact offsets"),
+    ({"kind": "self_attention", "cross_attention": True, "causal": True},
+     "'cross_attention' attends to the rows of a second input M, .* cannot go with causal"),
+    ({"kind": "self_attention", "cross_attention": True, "rotary": True},
+     "cannot go with rotary = true"),
+    ({"kind": "block", "cross_attention": True}, "'cross_attention' applies to kind "
+                                                 "self_attention"),
     ({"kind": "block", "rotary": True, "rotary_scaling": "ntk"},
      "'rotary_scaling' must be one of none, linear, dynamic, llama3, yarn"),
 ])
