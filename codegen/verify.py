@@ -73,6 +73,12 @@ def sample_loss(config: Config, params: dict, x: torch.Tensor, t: torch.Tensor
     return reference_loss(config, reference_output(config, params, x), t)
 
 
+def batch_loss(config: Config, params: dict, X: torch.Tensor, target: torch.Tensor
+               ) -> torch.Tensor:
+    """The loss averaged over the batch ``X`` (``B×L×d``)."""
+    return vmap(lambda x, t: sample_loss(config, params, x, t))(X, target).mean()
+
+
 _TORCH_FUNCTIONS = [{name: getattr(torch, name) for name in
                      ("exp", "log", "cosh", "sinh", "tanh", "sqrt", "abs", "erf")}, "math"]
 
