@@ -35,11 +35,15 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
         return embedding.reference(config, params, X)
     if config.kind == "head":
         return head.reference(config, params, X)
+    attend = attention.own(config)
     if config.norm_position == "post":
-        Y = normalization.reference(config, params, X + attention.reference(config, params, X),
+        Y = normalization.reference(config, params, X + attention.reference(attend, params, X),
                                     "_1")
+        if config.cross_attention:
+            Y = normalization.reference(config, params, Y + _cross(config, params, Y), "_3")
         return normalization.reference(config, params, Y + ffn.reference(config, params, Y),
                                        "_2")
+
     def scaled(out: torch.Tensor, k: int) -> torch.Tensor:
         if config.sandwich_norm:
             out = normalization.reference(config, params, out, f"_{k + 2}")
@@ -48,11 +52,21 @@ def reference_output(config: Config, params: dict, X: torch.Tensor) -> torch.Ten
     N_1 = normalization.reference(config, params, X, "_1")
     if config.norm_position == "parallel":
         N_2 = N_1 if config.shared_norm else normalization.reference(config, params, X, "_2")
-        return (X + scaled(attention.reference(config, params, N_1), 1)
+        return (X + scaled(attention.reference(attend, params, N_1), 1)
                 + scaled(ffn.reference(config, params, N_2), 2))
-    Y = X + scaled(attention.reference(config, params, N_1), 1)
+    Y = X + scaled(attention.reference(attend, params, N_1), 1)
+    if config.cross_attention:
+        Y = Y + _cross(config, params, normalization.reference(config, params, Y, "_3"))
     return Y + scaled(ffn.reference(config, params, normalization.reference(config, params, Y,
                                                                             "_2")), 2)
+
+
+def _cross(config: Config, params: dict, Y: torch.Tensor) -> torch.Tensor:
+    """A block's cross-attention on ``Y`` (``L×d``): its parameters ``W_Q_c, …`` and the
+    sample's ``M``."""
+    own = {name.removesuffix("_c"): value for name, value in params.items()
+           if name.endswith("_c")}
+    return attention.reference(attention.crossed(config), {**own, "M": params["M"]}, Y)
 
 
 def reference_loss(config: Config, Z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

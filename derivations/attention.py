@@ -15,7 +15,7 @@ form (stable when attention saturates).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import sympy as sp
@@ -30,6 +30,20 @@ if TYPE_CHECKING:
     from .config import Config
 
 TITLE = "Self-attention"
+CROSS_TITLE = "Cross-attention"
+
+
+def own(config: Config) -> Config:
+    """The self-attention of ``config`` (a block's, whose ``cross_attention`` is a sublayer
+    of its own)."""
+    return replace(config, cross_attention=False) if config.kind == "block" else config
+
+
+def crossed(config: Config) -> Config:
+    """A block's cross-attention: its heads, widths and biases, no position terms (causal
+    mask, rotary, relative bias: the self-attention's), keys and values from ``M``."""
+    return replace(config, cross_attention=True, causal=False, rotary=False,
+                   relative_bias=False)
 
 
 @dataclass
@@ -41,7 +55,8 @@ class Attention:
     external_shapes: dict[str, tuple[str, ...]]
 
 
-def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> Attention:
+def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F",
+                   suffix: str = "") -> Attention:
     """Nodes of ``F(X) = softmax(s (X W_Q + b_Q)(X W_K + b_K)^T) (X W_V + b_V)`` for ``X``
     (``L×d``), ``s = 1/sqrt(d_k)`` unless ``attention_scale`` says otherwise, the biases
     when ``attention_bias``.
@@ -57,7 +72,8 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     ``d_r + m`` of row ``i`` is turned by the angle ``i · base^(-m/d_r)``
     (:meth:`Graph.rotary`). With ``cross_attention`` the keys and values are those of a
     second input ``M`` (``L_m×d``, an encoder's states), a per-sample constant of the call:
-    ``softmax(s (X W_Q)(M W_K)^T) (M W_V)``."""
+    ``softmax(s (X W_Q)(M W_K)^T) (M W_V)``. ``suffix`` ends the names of its parameters and
+    nodes (``"_c"``: a block's cross-attention, ``W_Q_c``, …)."""
     heads, out_proj, biased = config.heads, config.out_proj, config.attention_bias
     L, d, d_k = sizes.L, sizes.d, sizes.d_k
     d_v = d_k if config.value_width == "d_k" else sizes.d_v
@@ -82,10 +98,11 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
     weights, biases, params = {}, {}, []
     for name in "QKV":  # declared first: parameter order W_Q, b_Q, ...
         shape = tuple(k.dim for k in (*heads_of[name], *columns_of[name]))
-        weights[name] = g.input(f"W_{name}", (d, *shape), role="param", batched=False)
+        weights[name] = g.input(f"W_{name}{suffix}", (d, *shape), role="param",
+                                batched=False)
         params.append(weights[name])
         if name.lower() in biased:
-            biases[name] = g.input(f"b_{name}", shape, role="param", batched=False)
+            biases[name] = g.input(f"b_{name}{suffix}", shape, role="param", batched=False)
             params.append(biases[name])
     # cross-attention: keys and values from M (L_m×d, the encoder's states), given per sample
     # with the call and held constant (no derivative is taken in it)
@@ -96,7 +113,7 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
         value = source[rows, c] * weights[name][(c, *entry)]
         if name in biases:
             value = value + biases[name][entry]
-        projected[name] = g.node(name, (rows, *entry), value)
+        projected[name] = g.node(f"{name}{suffix}", (rows, *entry), value)
     Q, K, V = projected["Q"], projected["K"], projected["V"]
     if config.rotary:
         R = g.rotary("R_rot", L, chunks, sizes.d_r, config.rotary_base, rotary_scaling(config))
@@ -115,32 +132,34 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F") -> 
                     batched=False)
         params.append(E)
         scores = scores + buckets[i, j, u] * E[(u, *query_heads)]
-    T = g.node("T_att", (*query_heads, i, j), scores)
+    T = g.node(f"T_att{suffix}", (*query_heads, i, j), scores)
     if config.logit_softcap:  # the scores capped smoothly at ± cap before the softmax
         cap = _exactly(config.logit_softcap)
         capped = ScalarFn("softcap", cap * sp.tanh(x / cap))
-        T = g.node("T_cap", T.indices, T.apply(capped, *T.indices))
-    A = softmax_rows(g, T, causal=config.causal)
+        T = g.node(f"T_cap{suffix}", T.indices, T.apply(capped, *T.indices))
+    A = softmax_rows(g, T, f"A{suffix}", f"{suffix[1:]}_" if suffix else "",
+                     causal=config.causal)
     e = value_columns[0]
     if not out_proj:
         F = g.node(out_name, (i, e), A[(*query_heads, i, j)] * V[(j, *kv_heads, e)])
-        return Attention(F, params, A, _external_shapes(config, params))
-    heads_out = g.node("F_heads", (i, *query_heads, e),
+        return Attention(F, params, A, _external_shapes(config, params, suffix))
+    heads_out = g.node(f"F_heads{suffix}", (i, *query_heads, e),
                        A[(*query_heads, i, j)] * V[(j, *kv_heads, e)])
-    W_O = g.input("W_O", (*(k.dim for k in query_heads), e.dim, d), role="param",
+    W_O = g.input(f"W_O{suffix}", (*(k.dim for k in query_heads), e.dim, d), role="param",
                   batched=False)
     params.append(W_O)
     out = g.index(d, "o")
     value = heads_out[(i, *query_heads, e)] * W_O[(*query_heads, e, out)]
     if "o" in biased:
-        b_O = g.input("b_O", (d,), role="param", batched=False)
+        b_O = g.input(f"b_O{suffix}", (d,), role="param", batched=False)
         params.append(b_O)
         value = value + b_O[out]
     F = g.node(out_name, (i, out), value)
-    return Attention(F, params, A, _external_shapes(config, params))
+    return Attention(F, params, A, _external_shapes(config, params, suffix))
 
 
-def _external_shapes(config: Config, params: list[Tensor]) -> dict[str, tuple[str, ...]]:
+def _external_shapes(config: Config, params: list[Tensor], suffix: str = ""
+                     ) -> dict[str, tuple[str, ...]]:
     """The shapes users pass where the engine's differ: heads and rotary chunks are split
     out of the widths ``h·d_k`` (``g·d_k`` for keys with grouped-query attention), ``d``
     (``g·d_v``; ``h·d_k``, ``g·d_k`` with ``value_width = "d_k"``)."""
@@ -160,7 +179,7 @@ def _external_shapes(config: Config, params: list[Tensor]) -> dict[str, tuple[st
     if config.kv_heads:
         shapes["E_rel"] = ("n_u", "h")
     names = {p.name for p in params}
-    return {k: v for k, v in shapes.items() if k in names}
+    return {k + suffix: v for k, v in shapes.items() if k + suffix in names}
 
 
 def rotary_scaling(config: Config) -> tuple:

@@ -59,7 +59,7 @@ APPLIES_TO = {
     "rotary_attention_factor": ("block", "self_attention"),
     "value_width": ("block", "self_attention"),
     "relative_bias": ("block", "self_attention"),
-    "cross_attention": ("self_attention",),
+    "cross_attention": ("block", "self_attention"),
     "relative_buckets": ("block", "self_attention"),
     "relative_max_distance": ("block", "self_attention"),
     "norm_bias": ("block", "layernorm", "head"),
@@ -121,7 +121,8 @@ class Config:
     relative_buckets: int = 32  # T5's relative_attention_num_buckets
     relative_max_distance: int = 128  # T5's relative_attention_max_distance
     value_width: str = "d/h"  # a head's value width: d/h, or d_k as queries' (Gemma, T5)
-    cross_attention: bool = False  # keys and values from a second input M (encoder states)
+    cross_attention: bool = False  # keys and values from a second input M (encoder states);
+    # in a block, a cross-attention sublayer (W_Q_c, ...; its norm gamma_3) after self-attention
     norm_bias: bool = True
     norm_offset: bool = False  # RMSNorm scaled by (1 + gamma), as Gemma's
     shared_norm: bool = False  # a parallel block's two branches read one norm (Phi, Falcon)
@@ -207,11 +208,8 @@ def validate(data: dict, source: str = "config") -> Config:
                           f"none), got {data['logit_softcap']!r}")
     _check_rotary(data, source)
     _check_relative(data, source)
-    crossed = [key for key in ("causal", "rotary", "relative_bias") if data.get(key, False)]
-    if data.get("cross_attention", False) and crossed:
-        raise ConfigError(f"{source}: 'cross_attention' attends to the rows of a second input "
-                          f"M, which have no order relative to X's rows: it cannot go with "
-                          f"{crossed[0]} = true")
+    if data.get("cross_attention", False):
+        _check_cross(data, source)
     floats = {key: float(data[key]) for key in data
               if key.startswith("rotary_") and isinstance(Config.__dataclass_fields__[key]
                                                          .default, float)}
@@ -317,6 +315,27 @@ def _check_rotary(data: dict, source: str) -> None:
                                 <= float(data.get("rotary_low_freq_factor", 1.0))):
         raise ConfigError(f"{source}: 'rotary_high_freq_factor' must be larger than "
                           "'rotary_low_freq_factor'")
+
+
+def _check_cross(data: dict, source: str) -> None:
+    """:class:`ConfigError` for terms a cross-attention cannot take: in its own sublayer,
+    position terms (``M``'s rows have no order relative to ``X``'s; in a block they are the
+    self-attention's); in a block, the layouts whose third sublayer is not defined."""
+    if data.get("kind") == "self_attention":
+        crossed = [key for key in ("causal", "rotary", "relative_bias") if data.get(key)]
+        if crossed:
+            raise ConfigError(f"{source}: 'cross_attention' attends to the rows of a second "
+                              f"input M, which have no order relative to X's rows: it cannot "
+                              f"go with {crossed[0]} = true")
+        return
+    if data.get("norm_position", "post") == "parallel":
+        raise ConfigError(f"{source}: 'cross_attention' adds a third sublayer between "
+                          f"self-attention and the FFN: it needs norm_position = \"post\" or "
+                          f"\"pre\", not \"parallel\"")
+    for key in ("sandwich_norm", "layer_scale"):
+        if data.get(key):
+            raise ConfigError(f"{source}: 'cross_attention' in a block does not go with "
+                              f"{key} = true (their norms and scales are for two branches)")
 
 
 def _check_relative(data: dict, source: str) -> None:

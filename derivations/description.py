@@ -46,8 +46,18 @@ def describe(config: Config | Program) -> tuple[str, str]:
             block += ", each branch's output normalised (Norm_3 after F, Norm_4 after FFN)"
         if config.layer_scale:
             block += ", lambda_1, lambda_2 learned per channel (LayerScale)"
-        lines = [block, attention.describe(config), ffn.describe(config),
-                 normalization.describe(config), loss]
+        crossing = []
+        if config.cross_attention:
+            block = block.replace("Y)", "Y_c)").replace("(Y +", "(Y_c +").replace(
+                "Z = Y +", "Z = Y_c +")
+            block += (", Y_c = Norm_3(Y + F_c(Y))" if config.norm_position == "post"
+                      else ", Y_c = Y + F_c(Norm_3(Y))")
+            line = attention.describe(attention.crossed(config)).replace("F(X)", "F_c(X)")
+            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+                line = line.replace(name, f"{name}_c")  # its parameters' names
+            crossing = [line]
+        lines = [block, attention.describe(attention.own(config)), *crossing,
+                 ffn.describe(config), normalization.describe(config), loss]
     return f"{title}: exact Jacobians, Hessians and Hessian-vector products.", "\n".join(lines)
 
 
@@ -67,6 +77,9 @@ TERM_NOTES = {
     "kv_heads": "grouped-query heads share W_K, W_V: their blocks sum over the query heads",
     "pooled_norm": "the pooled row is normalised, a non-linear map between X and W_H",
     "pooler": "the pooler's tanh sits between the pooled row and W_H",
+    "cross_attention": "cross-attention takes its keys and values from a second input M, "
+                       "held constant: its blocks are those of an attention whose keys and "
+                       "values do not move with X",
 }
 
 

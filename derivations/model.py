@@ -180,7 +180,10 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
     Pre-LN: ``Y = X + F(LN_1(X))``, ``Z = Y + FFN(LN_2(Y))``.
     Parallel: ``Z = X + F(LN_1(X)) + FFN(LN_2(X))`` (``LN_2 = LN_1`` with ``shared_norm``).
     With ``sandwich_norm`` each branch's output is normalised (``LN_3``, ``LN_4``) and with
-    ``layer_scale`` scaled per channel (``λ_1``, ``λ_2``) before it is added."""
+    ``layer_scale`` scaled per channel (``λ_1``, ``λ_2``) before it is added. With
+    ``cross_attention`` a cross-attention ``F_c(·, M)`` on a second input ``M`` (parameters
+    ``W_Q_c, …``) comes between the two, with its own norm ``LN_3``: post-LN
+    ``Y_c = LN_3(Y + F_c(Y))`` feeds the FFN; pre-LN ``Y_c = Y + F_c(LN_3(Y))``."""
     L, d = sizes.L, sizes.d
     i, j = g.index(L, "i"), g.index(d, "j")
 
@@ -191,7 +194,7 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
 
     def attend(U: Tensor) -> attention.Attention:
         with g.sublayer(attention.TITLE):
-            layer = attention.self_attention(g, U, config)
+            layer = attention.self_attention(g, U, attention.own(config))
         external.update(layer.external_shapes)
         return layer
 
@@ -199,14 +202,33 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
         with g.sublayer(ffn.TITLE):
             return ffn.feed_forward(g, U, config)
 
+    def cross(Y: Tensor, post: bool) -> tuple[Tensor, list[Tensor], list]:
+        """``Y`` through the cross-attention, its residual and its norm ``LN_3`` (after the
+        sum post-LN, before the sublayer pre-LN): ``(output, parameters, norms)``; ``Y``
+        itself without ``cross_attention``."""
+        if not config.cross_attention:
+            return Y, [], []
+        ln3 = None if post else norm(Y, 3, "N_3")
+        with g.sublayer(attention.CROSS_TITLE):
+            layer = attention.self_attention(g, Y if post else ln3.output,
+                                             attention.crossed(config), "F_c", "_c")
+        external.update(layer.external_shapes)
+        with g.sublayer("Residual connections"):
+            U_c = g.node("U_c" if post else "Y_c", (i, j), Y[i, j] + layer.output[i, j])
+        if post:
+            ln3 = norm(U_c, 3, "Y_c")
+            return ln3.output, layer.params, [ln3]
+        return U_c, layer.params, [ln3]
+
     if config.norm_position == "post":
         layer = attend(X)
         with g.sublayer("Residual connections"):
             U = g.node("U", (i, j), X[i, j] + layer.output[i, j])
         ln1 = norm(U, 1, "Y")
-        mlp = feed_forward(ln1.output)
+        Y, crossed, crossed_norms = cross(ln1.output, post=True)
+        mlp = feed_forward(Y)
         with g.sublayer("Residual connections"):
-            S = g.node("S", (i, j), ln1.output[i, j] + mlp.output[i, j])
+            S = g.node("S", (i, j), Y[i, j] + mlp.output[i, j])
         ln2 = norm(S, 2, "Z")
         output = ln2.output
     else:
@@ -234,16 +256,21 @@ def _block(g: Graph, config: Config, X: Tensor, external: dict
         else:
             with g.sublayer("Residual connections"):
                 Y = g.node("Y", (i, j), X[i, j] + branch(layer.output, 1))
+            Y, crossed, crossed_norms = cross(Y, post=False)
             ln2 = norm(Y, 2, "N_2")
             mlp = feed_forward(ln2.output)
             with g.sublayer("Residual connections"):
                 output = g.node("Z", (i, j), Y[i, j] + branch(mlp.output, 2))
+        if config.norm_position == "parallel":
+            crossed, crossed_norms = [], []
         norms = [ln1] if ln2 is ln1 else [ln1, ln2]  # one norm: its parameters once
-        norms += sandwiches
-        params = layer.params + mlp.params + [p for n in norms for p in n.params] + scales
+        norms += sandwiches + crossed_norms
+        params = (layer.params + crossed + mlp.params + [p for n in norms for p in n.params]
+                  + scales)
         return output, params, [guard for n in norms for guard in n.guards]
-    params = layer.params + mlp.params + ln1.params + ln2.params
-    return output, params, ln1.guards + ln2.guards
+    norms = [ln1, ln2, *crossed_norms]
+    params = layer.params + crossed + mlp.params + [p for n in norms for p in n.params]
+    return output, params, [guard for n in norms for guard in n.guards]
 
 
 def derive(config: Config | Program) -> Derivation:

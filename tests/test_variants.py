@@ -125,6 +125,13 @@ VARIANTS = {
     "cross_attention_gqa_bias": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
                                  'out_proj = true\ncross_attention = true\n'
                                  'attention_bias = "qvo"\nvalue_width = "d_k"'),
+    # decoder blocks: self-attention, cross-attention on M (norm 3), FFN
+    "decoder_block_post": ('kind = "block"\nheads = 2\nout_proj = true\ncausal = true\n'
+                           'affine = true\nattention_bias = true\nffn_bias = true\n'
+                           'cross_attention = true\neps = 1e-5'),
+    "decoder_block_pre_rms": ('kind = "block"\nnorm_position = "pre"\nnorm = "rmsnorm"\n'
+                              'heads = 2\nkv_heads = 1\nout_proj = true\nrotary = true\n'
+                              'activation = "silu"\nffn_gate = true\ncross_attention = true'),
     "attention_value_width_gqa": ('kind = "self_attention"\nheads = 4\nkv_heads = 2\n'
                                   'out_proj = true\nvalue_width = "d_k"\n'
                                   'attention_bias = "qkv"'),
@@ -139,7 +146,8 @@ DIMS_OF = {name: ROTARY_DIMS for name in ("attention_rotary", "attention_gqa_rot
 #: Cross-attention: M's rows L_m differ from every other size. Partial rotary: a head's width in
 #: 2/fraction chunks (4 for GPT-NeoX's 1/2, 5 for Phi's 0.4), a sequence longer than the
 #: trained length (dynamic NTK grows its base).
-DIMS_OF.update(cross_attention={**DIMS, "L_m": 6},
+DIMS_OF.update(cross_attention={**DIMS, "L_m": 6}, decoder_block_post={**DIMS, "L_m": 6},
+               decoder_block_pre_rms={"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "L_m": 6},
                cross_attention_gqa_bias={"L": 3, "d": 8, "d_k": 6, "d_ff": 5, "L_m": 4},
                neox_partial_rotary={"L": 3, "d": 8, "d_k": 12, "d_ff": 5},
                phi_partial_rotary={"L": 3, "d": 8, "d_k": 10, "d_ff": 5},
@@ -151,7 +159,7 @@ DIMS_OF.update(cross_attention={**DIMS, "L_m": 6},
 
 
 #: Variants whose check runs with ``-m slow`` (CI): the quick run keeps one of each option.
-SLOW = {"llama_block", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
+SLOW = {"llama_block", "decoder_block_post", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
         "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
         "pre_ln_relu_causal", "pre_ln_linear_loss", "neox_parallel_block", "gemma2_block",
         "layer_scale_quick_gelu", "qwen2_biases_qkv", "gemma_value_width", "rotary_llama3"}
@@ -298,8 +306,12 @@ def test_custom_loss_module_names_its_loss(variant):
      "'cross_attention' attends to the rows of a second input M, .* cannot go with causal"),
     ({"kind": "self_attention", "cross_attention": True, "rotary": True},
      "cannot go with rotary = true"),
-    ({"kind": "block", "cross_attention": True}, "'cross_attention' applies to kind "
-                                                 "self_attention"),
+    ({"kind": "block", "cross_attention": True, "norm_position": "parallel"},
+     "'cross_attention' adds a third sublayer .* not \"parallel\""),
+    ({"kind": "block", "cross_attention": True, "norm_position": "pre", "layer_scale": True},
+     "'cross_attention' in a block does not go with layer_scale = true"),
+    ({"kind": "ffn", "cross_attention": True}, "'cross_attention' applies to kind block or "
+                                               "self_attention"),
     ({"kind": "block", "rotary": True, "rotary_scaling": "ntk"},
      "'rotary_scaling' must be one of none, linear, dynamic, llama3, yarn"),
 ])
@@ -420,3 +432,78 @@ def test_relative_buckets_are_t5s(tmp_path, causal):
     table = module._relative_buckets(ns, L, buckets, distance, not causal)
     assert torch.equal(table.argmax(-1), expected) and torch.equal(table.sum(-1), torch.ones(L, L, dtype=torch.float64))
     assert torch.equal(_buckets(config, L), expected)
+
+
+@pytest.mark.slow
+def test_the_decoder_block_config_is_torchs_decoder_layer(variant):
+    """``decoder_block_post`` is ``nn.TransformerDecoderLayer`` (post-LN, ReLU, biases, a
+    causal self-attention, cross-attention on ``memory``): its generated module's forward,
+    gradient and HVP equal autograd (double backward, MATH kernel) on the torch layer with
+    the same weights (our ``Norm_3`` is torch's ``norm2``, our ``Norm_2`` its ``norm3``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config, module = variant("decoder_block_post", "torch")
+    d, heads, d_ff, L, L_m = 4, 2, 6, 3, 5
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True,
+                                             dtype=torch.float64)
+    X, M = torch.randn(2, L, d, dtype=torch.float64), torch.randn(2, L_m, d, dtype=torch.float64)
+    T = torch.randn(2, L, d, dtype=torch.float64)
+    names = [name for name, _ in module.PARAMS]
+
+    def torch_weights(ours: dict) -> dict:
+        """The layer's state for our parameters (``W`` is ``weight^T``)."""
+        weights = {}
+        for prefix, tag in (("self_attn", ""), ("multihead_attn", "_c")):
+            weights[f"{prefix}.in_proj_weight"] = torch.cat(
+                [ours[f"W_{p}{tag}"].T for p in "QKV"])
+            weights[f"{prefix}.in_proj_bias"] = torch.cat([ours[f"b_{p}{tag}"] for p in "QKV"])
+            weights[f"{prefix}.out_proj.weight"] = ours[f"W_O{tag}"].T
+            weights[f"{prefix}.out_proj.bias"] = ours[f"b_O{tag}"]
+        for k in (1, 2):
+            weights[f"linear{k}.weight"] = ours[f"W_{k}"].T
+            weights[f"linear{k}.bias"] = ours[f"b_{k}"]
+        for torch_norm, our_norm in ((1, 1), (2, 3), (3, 2)):
+            weights[f"norm{torch_norm}.weight"] = ours[f"gamma_{our_norm}"]
+            weights[f"norm{torch_norm}.bias"] = ours[f"beta_{our_norm}"]
+        return weights
+
+    state = dict(layer.named_parameters())
+    ours = {}
+    for prefix, tag in (("self_attn", ""), ("multihead_attn", "_c")):
+        w = state[f"{prefix}.in_proj_weight"].detach()
+        for k, p in enumerate("QKV"):
+            ours[f"W_{p}{tag}"] = w[k * d:(k + 1) * d].T.contiguous()
+            ours[f"b_{p}{tag}"] = torch.randn(d, dtype=torch.float64) * 0.3  # (zeros in torch)
+        ours[f"W_O{tag}"] = state[f"{prefix}.out_proj.weight"].detach().T.contiguous()
+        ours[f"b_O{tag}"] = torch.randn(d, dtype=torch.float64) * 0.3
+    for k in (1, 2):
+        ours[f"W_{k}"] = state[f"linear{k}.weight"].detach().T.contiguous()
+        ours[f"b_{k}"] = state[f"linear{k}.bias"].detach()
+    for n in (1, 2, 3):
+        ours[f"gamma_{n}"] = 1 + 0.3 * torch.randn(d, dtype=torch.float64)
+        ours[f"beta_{n}"] = 0.3 * torch.randn(d, dtype=torch.float64)
+    assert set(ours) == set(names)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=torch.float64)
+
+    def torch_loss(flat):
+        values = dict(zip(names, torch.split(flat, [ours[n].numel() for n in names])))
+        values = {n: v.reshape(ours[n].shape) for n, v in values.items()}
+        with sdpa_kernel(SDPBackend.MATH):
+            Z = torch.func.functional_call(layer, torch_weights(values), (X, M),
+                                           {"tgt_mask": mask, "tgt_is_causal": True})
+        return ((Z - T) ** 2).sum((1, 2)).mean() / (L * d), Z
+
+    flat = torch.cat([ours[n].reshape(-1) for n in names]).requires_grad_()
+    loss, Z = torch_loss(flat)
+    (gradient,) = torch.autograd.grad(loss, flat, create_graph=True)
+    v = torch.randn(flat.numel(), dtype=torch.float64)
+    (hv,) = torch.autograd.grad(gradient @ v, flat)
+    params = {**ours, "M": M}
+
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max())
+
+    assert rel(module.forward(params, X), Z.detach()) <= 1e-12
+    assert rel(module.gradient(params, X, T), gradient.detach()) <= 1e-12
+    assert rel(module.hvp(params, X, T, v), hv) <= 1e-10
