@@ -354,7 +354,7 @@ class Chain:
 
     def _chosen(self, wrt: str | list[str] | None, tied: bool = True) -> list[list[str]]:
         """Per part, the names of its parameters in ``wrt`` (default: all), in its order,
-        with (``tied``) the places a tie reads them transposed."""
+        with (``tied``) the other places a tie reads them."""
         names = self.PARAMS if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
         unknown = [n for n in names if n not in self.PARAMS]
         if unknown or not names or len(set(names)) != len(names):
@@ -431,9 +431,9 @@ class Chain:
                 for n in part if _key(prefix, n) in self.ties]
         if tied:
             raise NotImplementedError(
-                f"{what}: {tied[0]} is tied (read in two places); its {what} needs the block "
-                f"between those places: use loss_hessian(wrt={tied[0]!r}), or leave it out of "
-                f"wrt")
+                f"{what}: {tied[0]} is tied (read in several places); its {what} needs the "
+                f"blocks between those places: use loss_hessian(wrt={tied[0]!r}), or leave it "
+                f"out of wrt")
 
     def part_slices(self, params: dict[str, Array], wrt: str | list[str] | None = None
                     ) -> dict[str, slice]:
@@ -890,7 +890,7 @@ class Chain:
         places = [(0, "X")] if wrt == "X" else [
             (k, names[0]) for k, names in enumerate(self._chosen(wrt)) if names]
         total = None
-        for lowest, name in places:  # two where a tie reads wrt transposed
+        for lowest, name in places:  # one per place that reads wrt (ties)
             J = self.modules[lowest].jacobian(layers[lowest], inputs[lowest], name)
             for k in range(lowest + 1, self.depth):
                 J = self.modules[k].jacobian(layers[k], inputs[k], "X") @ J
