@@ -15,6 +15,7 @@ form (stable when attention saturates).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -197,8 +198,9 @@ def _exactly(value: float) -> sp.Rational:
     return short if float(short) == value else sp.Rational(value)
 
 
-def describe(config: Config) -> str:
-    """The sublayer as one line of text."""
+def describe(config: Config, suffix: str = "") -> str:
+    """The sublayer as one line of text; its parameters' names and ``F`` end in ``suffix``
+    as :func:`self_attention` names them."""
     heads = (f"{config.heads} heads (W_Q, W_K, W_V split by columns, concatenated)"
              if config.heads > 1 else "one head")
     if config.kv_heads:
@@ -241,9 +243,12 @@ def describe(config: Config) -> str:
                   + ("keys before the query" if config.causal else "both directions") + ")")
     if config.logit_softcap:
         scale = f"{config.logit_softcap:g} tanh(({scale}) / {config.logit_softcap:g})"
-    return (f"F(X) = softmax({scale}" + (" + causal mask" if config.causal else "")
-            + f") {values}"
-            + (out if config.out_proj else "") + f", {heads}")
+    line = (f"F(X) = softmax({scale}" + (" + causal mask" if config.causal else "")
+            + f") {values}" + (out if config.out_proj else "") + f", {heads}")
+    if suffix:
+        line = re.sub(r"\b([Wb]_[QKVO])\b", rf"\g<1>{suffix}", line.replace("F(X)",
+                                                                         f"F{suffix}(X)"))
+    return line
 
 
 def _frequencies(config: Config, half: int, length: int, dtype: torch.dtype

@@ -52,10 +52,7 @@ def describe(config: Config | Program) -> tuple[str, str]:
                 "Z = Y +", "Z = Y_c +")
             block += (", Y_c = Norm_3(Y + F_c(Y))" if config.norm_position == "post"
                       else ", Y_c = Y + F_c(Norm_3(Y))")
-            line = attention.describe(attention.crossed(config)).replace("F(X)", "F_c(X)")
-            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
-                line = line.replace(name, f"{name}_c")  # its parameters' names
-            crossing = [line]
+            crossing = [attention.describe(attention.crossed(config), "_c")]
         lines = [block, attention.describe(attention.own(config)), *crossing,
                  ffn.describe(config), normalization.describe(config), loss]
     return f"{title}: exact Jacobians, Hessians and Hessian-vector products.", "\n".join(lines)
