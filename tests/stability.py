@@ -64,8 +64,9 @@ def make_case(config: Config, module: ModuleType, scaled: str, scale: float,
         X = X * scale
     elif scaled == "shift":
         X = X + scale
-    else:
-        params = {k: v * scale if k in ("W_Q", "W_K") else v for k, v in params.items()}
+    else:  # the queries and keys of every attention (a decoder block's cross-attention too)
+        params = {k: v * scale if k in ("W_Q", "W_K", "W_Q_c", "W_K_c") else v
+                  for k, v in params.items()}
     return Case(config, [name for name, _ in module.PARAMS], params, X, target)
 
 
@@ -77,13 +78,25 @@ def _cast(value, dtype):
 
 class Autograd:
     """Every contract function by autograd of the plain forward, on ``case`` cast to ``dtype``;
-    ``second_order`` is ``jacrev`` (reverse-over-reverse) or ``jacfwd`` (forward-over-reverse)."""
+    ``route`` is ``"reverse"`` (``jacrev`` of ``jacrev``) or ``"forward"`` (``torch.func.hessian``,
+    forward over reverse).
+
+    Entries of ``case.params`` that are not parameters are per-sample constants (a
+    cross-attention's ``M``, ``(B, L_m, d)``): every per-sample function is mapped over them
+    with ``X`` (:meth:`_each`)."""
 
     def __init__(self, case: Case, dtype: torch.dtype, route: str = "reverse") -> None:
         self.config, self.names = case.config, case.names
-        self.params, self.X = _cast(case.params, dtype), _cast(case.X, dtype)
-        self.target = _cast(case.target, dtype)
+        cast = _cast(case.params, dtype)
+        self.params = {n: cast[n] for n in self.names}
+        self.constants = {k: v for k, v in cast.items() if k not in self.params}
+        self.X, self.target = _cast(case.X, dtype), _cast(case.target, dtype)
         self.route = route
+
+    def _each(self, function):
+        """``vmap(function)`` over the samples; ``function(*arrays, constants)`` gets each
+        sample's constants as a dict."""
+        return lambda *arrays: vmap(function)(*arrays, self.constants)
 
     def _outer(self, f):
         if self.route == "reverse":
@@ -100,24 +113,26 @@ class Autograd:
         return params, parts[-1].reshape(self.X.shape[1:])
 
     def forward(self):
-        return vmap(lambda x: reference_output(self.config, self.params, x))(self.X)
+        return self._each(lambda x, c: reference_output(self.config, {**self.params, **c}, x))(
+            self.X)
 
     def loss(self):
         return self._batch_loss(self.params)
 
     def _batch_loss(self, params):
-        def one(x, t):
-            return reference_loss(self.config, reference_output(self.config, params, x), t)
-        return vmap(one)(self.X, self.target).mean()
+        def one(x, t, c):
+            return reference_loss(self.config, reference_output(self.config, {**params, **c}, x),
+                                  t)
+        return self._each(one)(self.X, self.target).mean()
 
     def jacobians(self) -> dict[str, torch.Tensor]:
         """``wrt -> (B, L·d, n_wrt)`` for every variable."""
-        def sample(x):
+        def sample(x, c):
             def out(flat):
                 params, xx = self._unflatten(flat)
-                return reference_output(self.config, params, xx).reshape(-1)
+                return reference_output(self.config, {**params, **c}, xx).reshape(-1)
             return jacrev(out)(self._flat_variables(x))
-        J = vmap(sample)(self.X)
+        J = self._each(sample)(self.X)
         return dict(zip([*self.names, "X"], torch.split(J, self._sizes(), dim=-1)))
 
     def _sizes(self):
@@ -125,15 +140,15 @@ class Autograd:
 
     def output_hessians(self) -> dict[tuple[str, str], torch.Tensor]:
         """``(v, w) -> (B, L·d·n_v, n_w)`` (the paper's layout) for every pair."""
-        def sample(x):
+        def sample(x, c):
             def out(flat):
                 params, xx = self._unflatten(flat)
-                return reference_output(self.config, params, xx).reshape(-1)
+                return reference_output(self.config, {**params, **c}, xx).reshape(-1)
             flat = self._flat_variables(x)
             if self.route == "reverse":
                 return jacrev(jacrev(out))(flat)
             return hessian(out)(flat)
-        H = vmap(sample)(self.X)                      # B × n_out × n × n
+        H = self._each(sample)(self.X)                    # B × n_out × n × n
         names, sizes = [*self.names, "X"], self._sizes()
         rows = torch.split(H, sizes, dim=2)
         result = {}
@@ -153,9 +168,10 @@ class Autograd:
         return self._outer(flat_loss)(flat0)
 
     def loss_hessian_X(self) -> torch.Tensor:
-        def one(x, t):
-            return reference_loss(self.config, reference_output(self.config, self.params, x), t)
-        H = vmap(self._outer(one), in_dims=(0, 0))(self.X, self.target)
+        def one(x, t, c):
+            return reference_loss(self.config,
+                                  reference_output(self.config, {**self.params, **c}, x), t)
+        H = self._each(self._outer(one))(self.X, self.target)
         n = self.X[0].numel()
         return H.reshape(-1, n, n)
 
