@@ -32,11 +32,18 @@ CROSS_ROWS = 2
 
 
 def verify_dims(config: Config) -> dict[str, int]:
-    """The sizes a module of ``config`` is checked at (``d`` divisible by its heads)."""
+    """The sizes a module of ``config`` is checked at: ``d`` divisible by its heads, ``d_k``
+    by its rotary chunks (``2 / rotary_fraction`` of them), all four different."""
+    L, d_ff = BASE_DIMS["L"], BASE_DIMS["d_ff"]
+    chunks = round(2 / config.rotary_fraction) if config.rotary else 1
+    d_k = BASE_DIMS["d_k"]
+    while d_k % chunks or d_k in (L, d_ff):
+        d_k += 1
     d = BASE_DIMS["d"]
-    while d % config.heads or d in (BASE_DIMS["L"], BASE_DIMS["d_k"], BASE_DIMS["d_ff"]):
+    while d % config.heads or d in (L, d_k, d_ff):
         d += 1
-    return {**BASE_DIMS, "d": d, **({"L_m": CROSS_ROWS} if config.cross_attention else {})}
+    return {**BASE_DIMS, "d": d, "d_k": d_k,
+            **({"L_m": CROSS_ROWS} if config.cross_attention else {})}
 
 
 def _cache_file() -> Path:

@@ -10,6 +10,7 @@ import sympy as sp
 import torch
 from conftest import to_backend
 
+from curvgap.cli.verification import verify_dims
 from curvgap.codegen.backends import backend as backend_named
 from curvgap.codegen.generate import generate, render
 from curvgap.codegen.verify import check_module, random_case
@@ -203,6 +204,9 @@ def test_variant_matches_torch_func(variant, name, backend):
     errors = check_module(config, module, backend, DIMS_OF.get(name, DIMS), batch=2, seed=3)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, bad
+    # the sizes `curvgap generate --config` checks it at are sizes the module takes
+    params, X, _ = random_case(module, verify_dims(config), batch=2)
+    module.forward(to_backend(backend, params), to_backend(backend, X))
 
 
 #: The new terms where they are strained (the stability matrix's scales, run with -m stability):
