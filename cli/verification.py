@@ -108,8 +108,9 @@ def verify(paths: list[Path], configs: dict[str, Config],
     its plain-PyTorch twin (ties included): a line naming each before its checks and one
     with its result as they happen, then the table of all; whether all passed."""
     print(f"\nverification against torch.func (float64, B = 2, L = {BASE_DIMS['L']}, "
-          f"d_k = {BASE_DIMS['d_k']}, d_ff = {BASE_DIMS['d_ff']}, d = 6 or the next multiple "
-          "of the heads; tolerance 1e-10 relative):", flush=True)
+          f"d_ff = {BASE_DIMS['d_ff']}, d_k = {BASE_DIMS['d_k']} or the next multiple of the "
+          "rotary chunks, d = 6 or the next multiple of the heads; tolerance 1e-10 "
+          "relative):", flush=True)
     cache, ok, rows = _read_cache(), True, []
     for k, path in enumerate(paths, 1):
         config = configs[path.stem]
@@ -134,8 +135,7 @@ def verify(paths: list[Path], configs: dict[str, Config],
             if passed:
                 cache[key] = [count, error, worst]
                 _write_cache(cache)
-        rows.append(f"  {path.stem:<22}{path.parent.name:<9}{count:>7}  {error:>15.2e}  "
-                    f"{worst}  {note}")
+        rows.append((path.stem, path.parent.name, count, error, f"{worst}  {note}"))
     for k, (model, backend) in enumerate([(m, b) for m in models for b in ("numpy", "torch")],
                                          1):
         name = f"  [model {k}/{2 * len(models)}] {model.name} ({backend})"
@@ -147,8 +147,10 @@ def verify(paths: list[Path], configs: dict[str, Config],
         ok &= passed
         print(f"{name}: {len(errors)} checks, max rel. error {errors[worst]:.2e} ({worst})"
               f"{'' if passed else ', FAILED'}, {seconds:.1f} s", flush=True)
-        rows.append(f"  {model.name:<22}{backend:<9}{len(errors):>7}  {errors[worst]:>15.2e}  "
-                    f"{worst}  {'' if passed else 'FAILED  '}(model, {seconds:.1f} s)")
-    print(f"\n  {'module':<22}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
-    print("\n".join(rows), flush=True)
+        rows.append((model.name, backend, len(errors), errors[worst],
+                     f"{worst}  {'' if passed else 'FAILED  '}(model, {seconds:.1f} s)"))
+    width = max([20, *(len(row[0]) for row in rows)]) + 2
+    print(f"\n  {'module':<{width}}{'backend':<9}{'checks':>7}  {'max rel. error':>15}  worst")
+    print("\n".join(f"  {name:<{width}}{backend:<9}{count:>7}  {error:>15.2e}  {rest}"
+                    for name, backend, count, error, rest in rows), flush=True)
     return ok
