@@ -10,9 +10,9 @@ from .curvature import Curvature
 from .reader import UnsupportedLayer, UnsupportedOperation
 
 
-def curvature(module: torch.nn.Module, loss: str = "mse") -> Curvature:
-    """The exact curvature of ``module`` under ``loss``."""
-    return Curvature(module, loss)
+def curvature(module: torch.nn.Module, loss: str = "mse", fused: bool = False) -> Curvature:
+    """The exact curvature of ``module`` under ``loss`` (``fused``: through ``torch.compile``)."""
+    return Curvature(module, loss, fused)
 
 
 __all__ = ["Curvature", "UnsupportedLayer", "UnsupportedOperation", "curvature"]

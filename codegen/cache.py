@@ -60,8 +60,9 @@ from .backends import MODULE_BACKENDS
 from .backends import backend as backend_named
 from .generate import body_hash, render_all, source_hash, split_header
 
-#: The modules loaded in this process, by path (a chain of N equal parts loads one).
-_LOADED: dict[Path, ModuleType] = {}
+#: The modules loaded in this process, by path and whether fused (a chain of N equal parts
+#: loads one).
+_LOADED: dict[tuple[Path, bool], ModuleType] = {}
 
 #: What a key must look like: a hex digest (it names files).
 _KEY = re.compile(r"[0-9a-f]{8,128}")
@@ -88,12 +89,14 @@ def _where() -> str:
             else "the default; CURVGAP_CACHE sets another")
 
 
-def module_for(config: Config | Program, backend: str = "torch") -> ModuleType:
+def module_for(config: Config | Program, backend: str = "torch",
+               fused: bool = False) -> ModuleType:
     """The generated ``backend`` module (``"torch"`` or ``"numpy"``) of ``config`` or of a
     program read from a module (generated once into the cache, named by the hash of what it
     computes, its options but its name, then reused; loaded once per process). A config's
     modules are rendered for every backend at once, a program's for the backend asked for
-    (programs serve the torch layers and models they were read from)."""
+    (programs serve the torch layers and models they were read from). ``fused``: a copy of
+    the torch module whose group functions run through ``torch.compile`` (:func:`_fuse`)."""
     if isinstance(config, Program):
         key = config.fingerprint[:16]
     else:
@@ -113,12 +116,12 @@ def module_for(config: Config | Program, backend: str = "torch") -> ModuleType:
         return {item.backend: item.text for item in rendered}
 
     return cached_module(key, backend, render, source=lambda: source_hash(named, chosen),
-                         what=what)
+                         what=what, fused=fused)
 
 
 def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]],
                   source: str | Callable[[], str] | None = None,
-                  what: str | None = None) -> ModuleType:
+                  what: str | None = None, fused: bool = False) -> ModuleType:
     """The cached ``backend`` module named by ``key`` (a lowercase hex digest of what the
     module computes, 8 to 128 digits), loaded once per process.
 
@@ -129,24 +132,40 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
     a current file records (or a callable giving it, called only when needed); without it
     any intact file of ``key`` is current, so ``key`` must then cover everything that shapes
     the text. ``what`` names the module in the line a generation prints (default: its
-    key)."""
+    key). ``fused`` (torch only): a module of its own, loaded from the same text, whose group
+    functions are compiled (:func:`_fuse`)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"key: expected a lowercase hex digest of 8 to 128 digits, got "
                          f"{key!r}")
     chosen = _module_backend(backend)
+    if not isinstance(fused, bool) or (fused and chosen.name != "torch"):
+        raise ValueError(f"fused: expected False, or True with the torch backend (it runs "
+                         f"through torch.compile), got {fused!r} with {chosen.name!r}")
     folder = cache_root() / "modules"
     path = folder / chosen.name / f"layer_{key}{chosen.suffix}"
-    if path in _LOADED:
-        return _LOADED[path]
+    if (path, fused) in _LOADED:
+        return _LOADED[path, fused]
     expected = _Expected(source)
     _prepare(folder, [chosen.name])
     text = _current(path, expected)
     if text is None:
         text = _generate(folder, key, chosen.name, render, expected,
                          what or f"the {chosen.name} module {key}")
-    module = _load(path, text, f"_curvgap_layer_{key}_{chosen.name}")
-    _LOADED[path] = module
+    module = _load(path, text, f"_curvgap_layer_{key}_{chosen.name}{'_fused' if fused else ''}")
+    if fused:
+        _fuse(module)
+    _LOADED[path, fused] = module
     return module
+
+
+def _fuse(module: ModuleType) -> None:
+    """Each group function of ``module`` (its forward, adjoint, tangent and second-order
+    sweeps) compiled by ``torch.compile(fullgraph=True)``: its elementwise chains fused into
+    single kernels. Compiled on first call for each set of sizes (seconds to a minute)."""
+    import torch
+
+    module._GROUPS = {group: (torch.compile(function, fullgraph=True, dynamic=False), requires)
+                      for group, (function, requires) in module._GROUPS.items()}
 
 
 def _module_backend(name: str):

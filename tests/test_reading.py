@@ -232,6 +232,17 @@ def test_bad_calls_are_refused_naming_the_argument(call, error, message):
         call(c, case.X, case.T)
 
 
+def test_fused_takes_a_bool_and_the_torch_backend():
+    with pytest.raises(TypeError, match=r"fused: expected True or False, got 'yes'"):
+        curvgap.curvature(encoder_layer().module, fused="yes")
+    from curvgap.codegen.cache import module_for
+    from curvgap.derivations.config import validate
+
+    with pytest.raises(ValueError, match=r"fused: expected False, or True with the torch "
+                                         r"backend .*got True with 'numpy'"):
+        module_for(validate({"name": "ffn", "kind": "ffn"}), "numpy", fused=True)
+
+
 class Tokens(torch.nn.Module):
     """Token ids embedded, and (``scaled``) read as numbers besides."""
 
