@@ -11,7 +11,8 @@ Then the top Hessian eigenvalue by ``scipy``'s ``eigsh`` on
 
 Weights are random (no downloads). ``--quick`` runs every row at tiny sizes (a smoke test);
 ``--device cuda`` runs them on a GPU (times after the device has finished, memory as torch's
-peak allocation there).
+peak allocation there); ``--fused`` runs curvgap's code through ``torch.compile``
+(``curvature(..., fused=True)``; its compilation is in each row's warm-up).
 """
 
 from __future__ import annotations
@@ -144,10 +145,10 @@ QUICK_ROWS = [(gpt2, torch.float64, 2), (llama_layer, torch.float64, 2), (vit, t
 class Routes:
     """curvgap's and autograd's gradient, HVP and Gauss–Newton product of one model."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, fused: bool = False) -> None:
         self.model = model
         self.params = dict(model.module.named_parameters())
-        self.curvature = curvature(model.module, model.loss)
+        self.curvature = curvature(model.module, model.loss, fused)
         n = sum(p.numel() for p in self.params.values())
         like = next(iter(self.params.values()))
         self.v = torch.randn(n, generator=torch.Generator().manual_seed(2),
@@ -278,10 +279,10 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 PAIRS = [("gradient", "backward"), ("hvp", "double_backward"), ("gnvp", "jvp_vjp")]
 
 
-def measure(model: Model, rounds: int, device: str = "cpu") -> dict:
+def measure(model: Model, rounds: int, device: str = "cpu", fused: bool = False) -> dict:
     """One model's row: times (median of ``rounds``, routes interleaved), ratios, peak
-    memory and agreement."""
-    routes = Routes(model)
+    memory and agreement (curvgap's code through ``torch.compile`` when ``fused``)."""
+    routes = Routes(model, fused)
     run = {name: synchronized(getattr(routes, name), device) for pair in PAIRS for name in pair}
     start = time.perf_counter()
     results = {name: fn() for name, fn in run.items()}  # the warm-up (and first use)
@@ -301,10 +302,10 @@ def measure(model: Model, rounds: int, device: str = "cpu") -> dict:
         "peak_memory_gb": memory,
         "relative_error": {ours: _relative(results[ours], results[theirs])
                            for ours, theirs in PAIRS},
-        "warm_up_seconds": first_use, "device": device}
+        "warm_up_seconds": first_use, "device": device, "fused": fused}
 
 
-def eigenvalue(quick: bool, device: str = "cpu") -> dict | None:
+def eigenvalue(quick: bool, device: str = "cpu", fused: bool = False) -> dict | None:
     """The top Hessian eigenvalue of a 2-layer GPT-2 (width 128, ``L = 16``) by ``eigsh`` on
     curvgap's operator and on double-backward products; None without scipy."""
     try:
@@ -315,7 +316,7 @@ def eigenvalue(quick: bool, device: str = "cpu") -> dict | None:
     module = _gpt2_model(2, d, 2 if quick else 4, L, torch.float64, device)
     X, T = _rows(2, L, d, torch.float64, device)
     routes = Routes(Model("GPT-2, 2 layers", module, None, T,
-                          inputs={"inputs_embeds": X, "use_cache": False}))
+                          inputs={"inputs_embeds": X, "use_cache": False}), fused)
     n = routes.v.numel()
     operator = routes.curvature.hessian_operator(None, T, inputs_embeds=X,
                                                  use_cache=False).to_scipy()
@@ -372,16 +373,17 @@ def _relative_scalar(top: dict) -> float:
     return max(abs(a - b) / abs(b), 1e-16)
 
 
-def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
+def run_models(quick: bool, out: Path, device: str = "cpu", fused: bool = False) -> dict:
     """Measure every row of :data:`ROWS` (:data:`QUICK_ROWS` when ``quick``) and the
-    eigenvalue, print the table, write ``models.json`` into ``out`` (:class:`ImportError`
-    naming the ``transformers`` extra, before any work, without transformers)."""
+    eigenvalue (curvgap's code through ``torch.compile`` when ``fused``), print the table,
+    write ``models.json`` into ``out`` (:class:`ImportError` naming the ``transformers``
+    extra, before any work, without transformers)."""
     require("transformers", "curvgap bench --models", "transformers")
     rounds = 1 if quick else 3
     where = (f"{torch.get_num_threads()} threads" if device == "cpu" else
              torch.cuda.get_device_name(device))
     print(f"curvgap bench --models ({'tiny sizes' if quick else 'real sizes'}; {where}; "
-          f"median of {rounds}, routes interleaved)")
+          f"{'fused; ' if fused else ''}median of {rounds}, routes interleaved)")
     print("  times in seconds: curvgap gradient / HVP / GN product, autograd backward / "
           "double backward / torch.func jvp+vjp; ratios autograd/curvgap (above 1: curvgap "
           "faster); peak extra memory GB of the HVP vs double backward; largest relative "
@@ -390,10 +392,10 @@ def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
     for maker, dtype, batch in QUICK_ROWS if quick else ROWS:
         model = maker(quick, dtype, batch, device)
         print(f"  … {model.name} ({str(dtype)[6:]})", file=sys.stderr, flush=True)
-        rows.append(measure(model, rounds, device))
+        rows.append(measure(model, rounds, device, fused))
         print(_line(rows[-1]), flush=True)
     print("  … the top Hessian eigenvalue by eigsh", file=sys.stderr, flush=True)
-    top = eigenvalue(quick, device)
+    top = eigenvalue(quick, device, fused)
     if top is None:
         print(f"  eigenvalue: skipped ({message(['scipy'], 'eigsh', 'operators')})")
     else:
@@ -402,7 +404,7 @@ def run_models(quick: bool, out: Path, device: str = "cpu") -> dict:
               f"double backward {top['double_backward']['eigenvalue']:.12g} in "
               f"{top['double_backward']['seconds']:.2f} s (ratio {top['ratio']:.2f})")
     results: dict[str, Any] = {"machine": machine(), "device": where, "quick": quick,
-                               "rows": rows, "eigenvalue": top}
+                               "fused": fused, "rows": rows, "eigenvalue": top}
     Path(out).mkdir(parents=True, exist_ok=True)
     write_file(Path(out) / "models.json", json.dumps(results, indent=1) + "\n")
     return results

@@ -161,11 +161,17 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
 def _fuse(module: ModuleType) -> None:
     """Each group function of ``module`` (its forward, adjoint, tangent and second-order
     sweeps) compiled by ``torch.compile(fullgraph=True)``: its elementwise chains fused into
-    single kernels. Compiled on first call for each set of sizes (seconds to a minute)."""
+    single kernels. Compiled on first call for each set of sizes (seconds to a minute).
+
+    Inductor's pattern passes are off: the one that folds ``x.add_(a @ b, alpha=c)`` into
+    ``addmm`` drops ``c`` (pytorch/pytorch#167313 reports its kin), and the generated code
+    scales matrix products in place that way."""
     import torch
 
-    module._GROUPS = {group: (torch.compile(function, fullgraph=True, dynamic=False), requires)
-                      for group, (function, requires) in module._GROUPS.items()}
+    module._GROUPS = {
+        group: (torch.compile(function, fullgraph=True, dynamic=False,
+                              options={"pattern_matcher": False}), requires)
+        for group, (function, requires) in module._GROUPS.items()}
 
 
 def _module_backend(name: str):

@@ -53,11 +53,14 @@ def test_quick_scale_bench_writes_finite_results_that_agree(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_models_bench_agrees_with_autograd(tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_quick_models_bench_agrees_with_autograd(tmp_path, fused):
     pytest.importorskip("transformers")
     pytest.importorskip("scipy")
-    assert cli.main(["bench", "--models", "--quick", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--models", "--quick", "--out", str(tmp_path)]
+                    + (["--fused"] if fused else [])) == 0
     results = json.loads((tmp_path / "models.json").read_text())
+    assert results["fused"] is fused
     rows = {row["model"]: row for row in results["rows"]}
     assert set(rows) == {"GPT-2 (tiny)", "Llama layer (tiny)", "ViT (tiny)"}
     for row in rows.values():
