@@ -307,7 +307,8 @@ def measure(model: Model, rounds: int, device: str = "cpu", fused: bool = False)
 
 def eigenvalue(quick: bool, device: str = "cpu", fused: bool = False) -> dict | None:
     """The top Hessian eigenvalue of a 2-layer GPT-2 (width 128, ``L = 16``) by ``eigsh`` on
-    curvgap's operator and on double-backward products; None without scipy."""
+    curvgap's operator and on double-backward products, each timed after one product (its
+    first use); None without scipy."""
     try:
         from scipy.sparse.linalg import LinearOperator, eigsh
     except ImportError:
@@ -324,6 +325,7 @@ def eigenvalue(quick: bool, device: str = "cpu", fused: bool = False) -> dict | 
         torch.as_tensor(u.reshape(-1), dtype=torch.float64, device=device)).cpu().numpy())
     out = {"model": f"GPT-2, 2 layers, width {d}, L={L}, B=2", "parameters": n}
     for name, op in (("curvgap", operator), ("double_backward", reference)):
+        op.matvec(torch.ones(n, dtype=torch.float64).numpy())  # first use (fused: compiling)
         start = time.perf_counter()
         value = eigsh(op, k=1, which="LM", v0=torch.ones(n, dtype=torch.float64).numpy(),
                       return_eigenvectors=False)[0]
