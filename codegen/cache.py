@@ -58,6 +58,7 @@ from ..derivations.config import Config
 from ..derivations.program import Program
 from .backends import MODULE_BACKENDS
 from .backends import backend as backend_named
+from .fused import fuse
 from .generate import body_hash, render_all, source_hash, split_header
 
 #: The modules loaded in this process, by path and whether fused (a chain of N equal parts
@@ -96,7 +97,8 @@ def module_for(config: Config | Program, backend: str = "torch",
     computes, its options but its name, then reused; loaded once per process). A config's
     modules are rendered for every backend at once, a program's for the backend asked for
     (programs serve the torch layers and models they were read from). ``fused``: a copy of
-    the torch module whose group functions run through ``torch.compile`` (:func:`_fuse`)."""
+    the torch module whose group functions run through ``torch.compile``
+    (:func:`~curvgap.codegen.fused.fuse`)."""
     if isinstance(config, Program):
         key = config.fingerprint[:16]
     else:
@@ -133,7 +135,7 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
     any intact file of ``key`` is current, so ``key`` must then cover everything that shapes
     the text. ``what`` names the module in the line a generation prints (default: its
     key). ``fused`` (torch only): a module of its own, loaded from the same text, whose group
-    functions are compiled (:func:`_fuse`)."""
+    functions are compiled (:func:`~curvgap.codegen.fused.fuse`)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"key: expected a lowercase hex digest of 8 to 128 digits, got "
                          f"{key!r}")
@@ -153,25 +155,9 @@ def cached_module(key: str, backend: str, render: Callable[[], Mapping[str, str]
                          what or f"the {chosen.name} module {key}")
     module = _load(path, text, f"_curvgap_layer_{key}_{chosen.name}{'_fused' if fused else ''}")
     if fused:
-        _fuse(module)
+        fuse(module)
     _LOADED[path, fused] = module
     return module
-
-
-def _fuse(module: ModuleType) -> None:
-    """Each group function of ``module`` (its forward, adjoint, tangent and second-order
-    sweeps) compiled by ``torch.compile(fullgraph=True)``: its elementwise chains fused into
-    single kernels. Compiled on first call for each set of sizes (seconds to a minute).
-
-    Inductor's pattern passes are off: the one that folds ``x.add_(a @ b, alpha=c)`` into
-    ``addmm`` drops ``c`` (pytorch/pytorch#167313 reports its kin), and the generated code
-    scales matrix products in place that way."""
-    import torch
-
-    module._GROUPS = {
-        group: (torch.compile(function, fullgraph=True, dynamic=False,
-                              options={"pattern_matcher": False}), requires)
-        for group, (function, requires) in module._GROUPS.items()}
 
 
 def _module_backend(name: str):

@@ -1,0 +1,45 @@
+"""``fused=True`` over many calls: each generated group compiles once per set of sizes, whatever
+route (gradient, HVP, GN product) calls it, and past torch's recompile limit a group runs
+uncompiled, said once, with the same results (checked against reverse-over-reverse
+autograd). Agreement of the fused sweeps on real families is in ``test_families``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from reference import Reference, relative
+
+import curvgap
+
+DTYPE = torch.float64
+
+
+@pytest.mark.slow
+def test_routes_share_compiled_groups_and_a_limit_runs_them_uncompiled(monkeypatch, capfd):
+    # a layer no other test compiles, so that the limit below counts this test's sizes only
+    layer = torch.nn.TransformerEncoderLayer(6, 3, 10, dropout=0.0, activation="gelu",
+                                             batch_first=True, norm_first=True, dtype=DTYPE)
+    layer.eval()
+    c = curvgap.curvature(layer, fused=True)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    generator = torch.Generator().manual_seed(4)
+    n = sum(p.numel() for p in layer.parameters())
+    v = torch.randn(n, generator=generator, dtype=DTYPE)
+
+    def agree(B: int) -> None:
+        X, T = (torch.randn(B, 5, 6, generator=generator, dtype=DTYPE) for _ in range(2))
+        ref = Reference(layer, X, T)
+        # the routes share the forward and adjoint groups: at one compile per group and
+        # size, none of them may need a second
+        for _ in range(2):
+            assert relative(c.gradient(X, T), ref.gradient()) <= 1e-10
+            assert relative(c.hvp(X, T, v), ref.hvp(v)) <= 1e-10
+            assert relative(c.gnvp(X, T, v), ref.gnvp(v)) <= 1e-10
+
+    agree(2)
+    assert "uncompiled" not in capfd.readouterr().err
+    agree(3)  # new sizes: past the limit of one, each group says so once and runs as is
+    said = [line for line in capfd.readouterr().err.splitlines() if "uncompiled" in line]
+    assert said and len(said) == len(set(said))
+    assert all("recompile_limit" in line for line in said)
