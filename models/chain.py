@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..data import over_batches
 from ..data.ranks import current
 from ..derivations.config import Config
 from ..derivations.program import Program
+from .memory import peak_bytes
 
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
@@ -743,7 +745,7 @@ class Chain:
                         bar.update(1)
                 if to_input:
                     diag_X.append(value_X)
-        saved = tiled = None  # the copies' forward values and targets are not read again
+                saved = tiled = None  # freed before the next sample's copies are made
         pieces: list = [None] * self.depth
         for k in range(lowest, self.depth):
             if chosen[k]:
@@ -821,31 +823,30 @@ class Chain:
     def _chunk_width(self, layers: list[dict], inputs: list[Array], g: list, target: Array,
                      sources: list[int], bottom: int, chosen: list[list[str]], to_input: bool,
                      part: str, budget: int) -> int:
-        """The most columns per chunk whose work fits ``budget`` bytes: the arrays the saved
-        calls hold after one chunk of each source, measured on the first sample at one and
-        at two columns (what one more column adds), the rest held fixed."""
+        """The most columns per chunk whose work fits ``budget`` bytes: the most bytes held at
+        once (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk
+        of each source, measured on the first sample at one and at two columns (what one more
+        column adds)."""
         sizes = [int(np.prod(inputs[j].shape[1:])) for j in range(self.depth)]
-        held = []
-        for width in (1, 2):
+
+        def one_sample(width: int) -> None:
             saved = self._tiled_saved(layers, inputs, 0, 2 * width, bottom)
             tiled = self._tiled_targets(g, target, 0, 2 * width, sources)
             scratch = [[None] * len(names) for names in chosen]
-            largest = 0
             for j in sources:
                 self._source_chunk(saved, tiled, j, 0, 2 * width, sizes, inputs[j], chosen,
                                    bottom, to_input, part, scratch, None,
                                    DiagonalCost("chunked", 1, self.depth))
-                largest = max(largest, sum(_nbytes(value) for call in saved if call
-                                           for value in call.values())
-                              + sum(_nbytes(value) for part_totals in scratch
-                                    for value in part_totals if value is not None))
-            held.append(largest)
-        if held[0] > budget:
-            raise ValueError(f"max_memory: expected at least {held[0]} bytes (one column's work "
+
+        one = peak_bytes(partial(one_sample, 1), self.backend)
+        if one > budget:
+            raise ValueError(f"max_memory: expected at least {one} bytes (one column's work "
                              f"in the chunked diagonal at these sizes), got {budget}")
-        per_column = max(held[1] - held[0], 1)
+        if 2 * one > budget:  # two columns would not fit: not even measured
+            return 1
+        per_column = max(peak_bytes(partial(one_sample, 2), self.backend) - one, 1)
         widest = -(-max(sizes[j] for j in sources) // 2)
-        return int(max(1, min(widest, 1 + (budget - held[0]) // per_column)))
+        return int(max(1, min(widest, 1 + (budget - one) // per_column)))
 
     def _own_diagonal(self, layers: list[dict], inputs: list[Array], g: list, target: Array,
                       k: int, names: list[str], part: str, budget: int,
@@ -853,19 +854,26 @@ class Chain:
         """Part ``k``'s own diagonal over ``names`` against its target (the loss's for the top
         part, else the cotangent of its output), averaged over the batch: per name the
         ``vec_r`` of its entries, one sample and as many rows of its first axis at a time as
-        the tangents of those rows fit in ``budget`` bytes."""
+        fit in ``budget`` bytes (the work of one row and of two, measured on the first
+        sample)."""
         module, batch = self.modules[k], inputs[k].shape[0]
         against = target if k == self.depth - 1 else g[k]
+        first = self._sample(k, layers[k], 0, 1)
         values = []
         for name in names:
-            rows, _, held = module.diagonal_row_layout(self._sample(k, layers[k], 0, 1),
-                                                       inputs[k][:1], name)
-            row_bytes = held * _itemsize(inputs[k])
-            if row_bytes > budget:
-                raise ValueError(f"max_memory: expected at least {row_bytes} bytes (the tangents "
-                                 f"of one row of {self.prefixes[k]}.{name} for its own "
-                                 f"diagonal), got {budget}")
-            step = int(min(rows, budget // max(row_bytes, 1)))
+            rows = module.diagonal_row_layout(first, inputs[k][:1], name)[0]
+            def held(stop: int, name: str = name) -> int:
+                return peak_bytes(partial(module.diagonal_rows, first, inputs[k][:1],
+                                          against[:1], name, 0, stop, part), self.backend)
+
+            one = held(1)
+            if one > budget:
+                raise ValueError(f"max_memory: expected at least {one} bytes (the work of one "
+                                 f"row of {self.prefixes[k]}.{name} for its own diagonal), "
+                                 f"got {budget}")
+            step = 1  # two rows are measured only where they would fit
+            if rows > 1 and 2 * one <= budget:
+                step = int(min(rows, 1 + (budget - one) // max(held(2) - one, 1)))
             slices = []
             for start in range(0, rows, step):
                 total = None

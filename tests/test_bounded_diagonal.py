@@ -117,6 +117,55 @@ def test_a_budget_picks_the_chunks_and_a_single_layer_takes_rows():
     assert layer.diagonal_cost.route == "chunked"
 
 
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_the_peak_counts_what_is_held_at_once(backend):
+    """``peak_bytes``, by which the chunks are sized: two 8 MB arrays live together at most
+    (one freed before the third is made), a view adding nothing, what existed before the call
+    not counted."""
+    from curvgap.models.memory import peak_bytes
+
+    def zeros(shape: tuple[int, ...]):
+        return (torch.zeros(shape, dtype=torch.float64) if backend == "torch"
+                else np.zeros(shape))
+
+    before = zeros((1000, 1000))
+
+    def call() -> None:
+        a = zeros((1000, 1000))
+        b = (a + 1).reshape(-1)
+        del a
+        c = b * 2
+        del b, c
+
+    assert 2 * 8 * 10**6 <= peak_bytes(call, backend) <= 2 * 8 * 10**6 + 10**5
+    assert before.sum() == 0
+
+
+@pytest.mark.slow
+def test_the_work_held_at_once_stays_within_the_budget():
+    """At a width where the work dominates (one row of the attention projection's own diagonal
+    holds ~100 MB of tangents), the most bytes the diagonal holds at once, counted by a
+    dispatch mode over every tensor it creates, stay within ``max_memory`` beyond the
+    forward values and adjoints a gradient holds."""
+    import transformers
+
+    from curvgap.models.memory import peak_bytes
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=2, n_positions=16,
+                                     vocab_size=10, bos_token_id=0, eos_token_id=0)
+    model = randomise(transformers.GPT2Model(config).to(DTYPE))
+    generator = torch.Generator().manual_seed(5)
+    X, T = (torch.randn(1, 16, 128, generator=generator, dtype=DTYPE) for _ in range(2))
+    inputs = {"inputs_embeds": X, "use_cache": False}
+    c = curvgap.curvature(model)
+    _call(c, "gradient", inputs, T)  # the module is read on its first call
+    forward = peak_bytes(lambda: _call(c, "gradient", inputs, T), "torch")
+    budget = 128 * 10**6
+    held = peak_bytes(lambda: _call(c, "diagonal", inputs, T, max_memory=budget), "torch")
+    assert c.diagonal_cost.route == "chunked"
+    assert held <= budget + forward
+
+
 def test_bad_budgets_are_refused_by_name():
     model, inputs, T = _encoder()
     c = curvgap.curvature(model)
