@@ -272,7 +272,8 @@ def llama_rope(kind: str) -> Case:
 
 def falcon_layer(new_architecture: bool = False) -> Case:
     """Falcon's parallel attention and MLP on one norm (``new_decoder_architecture``: two
-    norms, grouped queries), eager attention with a causal mask."""
+    norms, grouped queries), eager attention with a causal mask (its softmax in float32
+    inside in recent transformers releases)."""
     heads = dict(num_attention_heads=2 * HEADS, num_kv_heads=HEADS) if new_architecture \
         else dict(num_attention_heads=HEADS)
     cls, config = _hf("falcon.modeling_falcon", "FalconDecoderLayer", "FalconConfig",
@@ -284,7 +285,8 @@ def falcon_layer(new_architecture: bool = False) -> Case:
     inputs = {"alibi": None, "attention_mask": causal.expand(B, 1, L, L).contiguous(),
               "position_embeddings": _rotary("falcon.modeling_falcon", "FalconRotaryEmbedding",
                                              config, X)}
-    return Case(randomise(cls(config, layer_idx=0).to(DTYPE)), X, T, inputs)
+    return Case(randomise(cls(config, layer_idx=0).to(DTYPE)), X, T, inputs,
+                float32_inside=True)
 
 
 def t5_block(decoder: bool = False) -> Case:
