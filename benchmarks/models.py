@@ -348,7 +348,8 @@ def _line(row: dict) -> str:
 def markdown(results: dict) -> str:
     """The run's table in Markdown (as the README shows it): per model and dtype the ratios
     ``autograd time / curvgap time``, the peak memory of the HVP against double backward,
-    and the largest relative error; the eigenvalue's line last."""
+    and the largest relative error; for a fused run the first calls' time; the eigenvalue's
+    line last."""
     lines = ["| model | dtype | parameters | gradient vs backward | HVP vs double backward | "
              "GN product vs jvp + vjp | peak memory, HVP vs double backward | largest "
              "relative error |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -359,6 +360,12 @@ def markdown(results: dict) -> str:
         lines.append(f"| {row['model']} | {row['dtype']} | {row['parameters']:,} | "
                      f"{r['gradient']:.2f}× | {r['hvp']:.2f}× | {r['gnvp']:.2f}× | {memory} | "
                      f"{max(row['relative_error'].values()):.1e} |")
+    if results.get("fused"):
+        first = [row["warm_up_seconds"] for row in results["rows"]]
+        lines.append("")
+        lines.append(f"First calls (each route once; curvgap's compiling for these sizes, or "
+                     f"reading torch's compile cache of an earlier run): "
+                     f"{min(first):.0f}–{max(first):.0f} s a row.")
     top = results["eigenvalue"]
     if top is not None:
         lines.append("")

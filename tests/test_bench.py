@@ -75,16 +75,20 @@ def test_quick_models_bench_agrees_with_autograd(tmp_path, fused):
                         rel_tol=1e-8)
 
 
-def test_the_committed_whole_model_run_is_a_full_run():
-    """The docs render their whole-model table from ``docs/models.json``: a full run's."""
+@pytest.mark.parametrize("name, fused", [("models", False), ("models_fused", True)])
+def test_the_committed_whole_model_run_is_a_full_run(name, fused):
+    """The docs render their whole-model tables from ``docs/models.json`` and
+    ``docs/models_fused.json``: full runs', unfused and fused."""
     from pathlib import Path
 
     from curvgap.benchmarks.models import markdown
 
     root = Path(__file__).resolve().parents[1]
-    results = json.loads((root / "docs" / "models.json").read_text())
-    assert not results["quick"]
+    results = json.loads((root / "docs" / f"{name}.json").read_text())
+    assert not results["quick"] and bool(results.get("fused")) == fused
+    assert all(bool(row.get("fused")) == fused for row in results["rows"])
     assert markdown(results).count("\n| ") == len(results["rows"]) + 1
+    assert ("First calls" in markdown(results)) == fused
 
 
 def test_the_readme_shows_the_committed_accuracy_run():

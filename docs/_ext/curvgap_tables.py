@@ -22,10 +22,10 @@ def _accuracy() -> str:
     return table(json.loads((DOCS / "accuracy.json").read_text()))
 
 
-def _models() -> str:
+def _models(name: str = "models") -> str:
     from curvgap.benchmarks.models import markdown
 
-    return markdown(json.loads((DOCS / "models.json").read_text()))
+    return markdown(json.loads((DOCS / f"{name}.json").read_text()))
 
 
 def _latex() -> str:
@@ -61,6 +61,7 @@ def _cli() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "accuracy": _accuracy,
     "models": _models,
+    "models_fused": lambda: _models("models_fused"),
     "cli": _cli,
     "latex": _latex,
 }
