@@ -8,7 +8,8 @@ call (the generated groups read ``ns["name"]`` and write ``ns["name"] = value``,
 else): its compiled code is guarded on those entries alone, so that what else a call's
 namespace holds (the entries of other routes' groups) compiles nothing again. Past torch's
 recompile limit for a group (``torch._dynamo.config.recompile_limit`` sets of sizes), that
-group runs uncompiled, said once.
+group runs uncompiled at sizes it has not compiled for, said once; the compiled sizes keep
+their code.
 
 Inductor's pattern passes are off: the one that folds ``x.add_(a @ b, alpha=c)`` into
 ``addmm`` drops ``c`` (pytorch/pytorch#167313 reports its kin), and the generated code
@@ -50,7 +51,7 @@ class _Fused:
         self.reads: tuple[str, ...] | None = None
         self.compiled = torch.compile(function, fullgraph=True, dynamic=False,
                                       options={"pattern_matcher": False})
-        self.uncompiled = False
+        self.said = False  # whether the recompile limit has been reported
 
     def __call__(self, ns: dict) -> None:
         from torch._dynamo.exc import FailOnRecompileLimitHit
@@ -59,17 +60,15 @@ class _Fused:
             recording = _Reads(ns)
             self.function(recording)
             self.reads = tuple(recording.names)
-        if self.uncompiled:
-            self.function(ns)
-            return
         local = {name: ns[name] for name in self.reads}
         try:
             self.compiled(local)
-        except FailOnRecompileLimitHit:
-            self.uncompiled = True
-            print(f"curvgap: fused: {self.group} has been compiled for as many sets of sizes "
-                  f"as torch allows (torch._dynamo.config.recompile_limit); it runs "
-                  f"uncompiled from now on", file=sys.stderr)
+        except FailOnRecompileLimitHit:  # raised before the group runs: nothing half done
+            if not self.said:
+                self.said = True
+                print(f"curvgap: fused: {self.group} has been compiled for as many sets of "
+                      f"sizes as torch allows (torch._dynamo.config.recompile_limit); at "
+                      f"other sizes it runs uncompiled", file=sys.stderr)
             self.function(ns)
             return
         ns.update(local)

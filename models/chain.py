@@ -112,13 +112,6 @@ def _budget(max_memory: Any) -> int:
     return int(max_memory)
 
 
-def _nbytes(value: Any) -> int:
-    """The bytes of an array (a torch tensor or a numpy array); 0 for anything else."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    return value.nbytes if isinstance(value, np.ndarray) else 0
-
-
 def _itemsize(like: Array) -> int:
     """The bytes of one entry of ``like``'s dtype."""
     return like.element_size() if isinstance(like, torch.Tensor) else like.dtype.itemsize
@@ -825,8 +818,8 @@ class Chain:
                      part: str, budget: int) -> int:
         """The most columns per chunk whose work fits ``budget`` bytes: the most bytes held at
         once (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk
-        of each source, measured on the first sample at one and at two columns (what one more
-        column adds)."""
+        of each source, measured on the first sample at one column and, where two fit, at two
+        (what one more column adds)."""
         sizes = [int(np.prod(inputs[j].shape[1:])) for j in range(self.depth)]
 
         def one_sample(width: int) -> None:
@@ -862,6 +855,7 @@ class Chain:
         values = []
         for name in names:
             rows = module.diagonal_row_layout(first, inputs[k][:1], name)[0]
+
             def held(stop: int, name: str = name) -> int:
                 return peak_bytes(partial(module.diagonal_rows, first, inputs[k][:1],
                                           against[:1], name, 0, stop, part), self.backend)
