@@ -395,12 +395,14 @@ class Curvature:
         return self._applied(kind, read, params, X, T, v, pieces)
 
     def _applied(self, kind: str, read: _Read, params: dict, X: torch.Tensor, T: Any,
-                 v: torch.Tensor, pieces: list) -> torch.Tensor:
+                 v: torch.Tensor, pieces: list, keep: dict | None = None) -> torch.Tensor:
         """``kind`` (``"hvp"``, ``"gnvp"``) of ``v`` (``(n,)`` or ``(n, k)``, the entries of
         ``pieces`` in the module's order): the directions read as views of ``v`` in the
-        runner's parameters, the products written once in the module's order."""
+        runner's parameters, the products written once in the module's order (``keep``: the
+        forward values and adjoints kept between calls at one point, see
+        :meth:`curvgap.models.Chain.product_pieces`)."""
         values = read.runner().product_pieces(kind, params, X, T,
-                                              self._directions(v, pieces, params))
+                                              self._directions(v, pieces, params), keep)
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
         return self._assembled(values, pieces, v, f"{kind}: the {name}-vector product",
                                v.ndim == 2)
@@ -481,10 +483,12 @@ class Curvature:
         read.runner().loss(params, X_, T_)  # checks X and T now, not at the first product
 
         def product(kind: str):
+            kept: dict = {}  # this point's forward values and adjoints, after one product
+
             def multiply(V: torch.Tensor) -> torch.Tensor:
                 if not used:
                     return torch.zeros_like(V)
-                return self._applied(kind, read, params, X_, T_, V, pieces)
+                return self._applied(kind, read, params, X_, T_, V, pieces, kept)
             return multiply
 
         return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,

@@ -907,7 +907,8 @@ class Chain:
         return total
 
     def product_pieces(self, kind: str, params: dict[str, Array], X: Array, target: Array,
-                       directions: list[dict[str, Array]] | Array) -> list:
+                       directions: list[dict[str, Array]] | Array,
+                       keep: dict | None = None) -> list:
         """``kind`` (``"hvp"`` or ``"gnvp"``) along each direction of ``directions``: a list of
         dicts (name of ``PARAMS`` → direction shaped as the parameter; those left out are
         zero), each giving a dict of the products over the parameters it names; or a per-sample
@@ -916,8 +917,11 @@ class Chain:
         then per direction one tangent sweep up (each part's ``jvp_saved``) and one sweep down
         (``hvp_saved``: the adjoints, shared by the directions, and their tangents; ``gnvp``:
         the top part's ``gnvp_saved``, then each part's transposed Jacobians by
-        ``vjp_saved``, no second derivative). Results are in the dtype they are computed in,
-        not yet checked for overflow."""
+        ``vjp_saved``, no second derivative). ``keep``, a dict its caller holds between calls
+        at one point (the same ``params``, ``X`` and ``target``, as an operator does), keeps
+        that forward pass and the adjoints the sweeps compute, so later calls run only the
+        tangent and second-order sweeps. Results are in the dtype they are computed in, not
+        yet checked for overflow."""
         if kind not in ("hvp", "gnvp"):
             raise ValueError(f"kind: expected 'hvp' or 'gnvp', got {kind!r}")
         per_sample = not isinstance(directions, list)
@@ -937,11 +941,15 @@ class Chain:
             if not moving:
                 return [{} for _ in columns]
             lowest = moving[0]
-        layers = self._layers(params)
-        saved = self._saved(layers, X, lowest)
+        if keep is not None and keep.get("lowest") == lowest:
+            saved = keep["saved"]
+        else:
+            saved = self._saved(self._layers(params), X, lowest)
+            if keep is not None:
+                keep.update(lowest=lowest, saved=saved)
         results = []
         for j, column in enumerate(columns):
-            last = j == len(columns) - 1
+            last = j == len(columns) - 1 and keep is None  # its forward values then freed
             tangent = column if per_sample else None
             for k in range(lowest, self.depth):
                 tangent = self.modules[k].jvp_saved(saved[k], None if per_sample else column[k],

@@ -163,6 +163,39 @@ def test_a_hessian_operator_keeps_the_weights_it_was_built_with():
     assert torch.equal(operator @ v, before)
 
 
+@pytest.mark.parametrize("part", ["full", "gauss_newton", "functional"])
+def test_an_operator_keeps_its_point_between_products(part, monkeypatch):
+    """A model's operator runs its forward pass once for all its products (it keeps that
+    point's forward values and adjoints), and each product still equals autograd's, vector
+    after vector and for a matrix."""
+    from curvgap.models import Chain
+
+    case = gpt2_model()
+    c = curvgap.curvature(case.module)
+    forwards = []
+    saved = Chain._saved
+    monkeypatch.setattr(Chain, "_saved", lambda self, *a, **k: forwards.append(1)
+                        or saved(self, *a, **k))
+    operator = c.hessian_operator(case.X, case.T, part=part, **case.inputs)
+    ref = Reference(case.module, case.X, case.T, **case.inputs)
+    generator = torch.Generator().manual_seed(7)
+    V = torch.randn(operator.shape[0], 3, generator=generator, dtype=DTYPE)
+
+    def expected(v: torch.Tensor) -> torch.Tensor:
+        if part == "full":
+            return ref.hvp(v)
+        return ref.gnvp(v) if part == "gauss_newton" else ref.hvp(v) - ref.gnvp(v)
+
+    before = len(forwards)
+    for k in range(3):
+        assert relative(operator @ V[:, k], expected(V[:, k])) <= 1e-10
+    together = operator @ V
+    for k in range(3):
+        assert relative(together[:, k], expected(V[:, k])) <= 1e-10
+    # one forward pass per kind of product (the functional part takes two kinds)
+    assert len(forwards) - before == (2 if part == "functional" else 1)
+
+
 def test_repeated_blocks_are_derived_once():
     """A 4-layer encoder is two programs whatever its depth: the blocks under the linear
     loss that passes cotangents down, and the top one under the model's loss."""
