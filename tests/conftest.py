@@ -103,6 +103,9 @@ class _InertTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = _InertModule(spec.name)
         module.__path__ = []
+        # a version that parses (below any real release): libraries that ask, such as
+        # transformers' image-processing imports, then take their paths without torchvision
+        module.__version__ = "0.0"
         return module
 
     def exec_module(self, module):
