@@ -157,7 +157,11 @@ def main() -> int:
     except Exception as error:
         (out / f"rank{rank}.err").write_text(f"{type(error).__name__}: {error}")
         traceback.print_exc()
-        return 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # out now, past gloo's teardown: with the other rank gone its destructor can abort the
+        # process (SIGABRT, seen under load), which is torch's exit, not the error under test
+        os._exit(1)
     dist.destroy_process_group()
     return 0
 
