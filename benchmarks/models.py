@@ -186,14 +186,8 @@ class Routes:
                                               list(self.params.values()), allow_unused=True))
 
     def double_backward(self, v: torch.Tensor | None = None) -> torch.Tensor:
-        v = self.v if v is None else v
-        params = list(self.params.values())
-        with sdpa_kernel(SDPBackend.MATH):
-            grads = torch.autograd.grad(self._loss_of(self._output()), params,
-                                        create_graph=True, allow_unused=True)
-            dot = sum((g * u).sum() for g, u in zip(grads, self._pieces(v).values())
-                      if g is not None)
-            return self._flat(torch.autograd.grad(dot, params, allow_unused=True))
+        """One HVP by double backward: the gradient graph, then one backward pass through it."""
+        return self.retained_double_backward()(self.v if v is None else v)
 
     def retained_double_backward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """HVPs at this point on one gradient graph, built once and kept (as PyHessian
