@@ -11,6 +11,10 @@ recompile limit for a group (``torch._dynamo.config.recompile_limit`` sets of si
 group runs uncompiled at sizes it has not compiled for, said once; the compiled sizes keep
 their code.
 
+A guard of the generated code (a variance that must be positive) is an assertion inside the
+compiled code, not a branch: when it fails, the group is rerun uncompiled, which raises the
+guard's error with its words (sample and row).
+
 Inductor's pattern passes are off: the one that folds ``x.add_(a @ b, alpha=c)`` into
 ``addmm`` drops ``c`` (pytorch/pytorch#167313 reports its kin), and the generated code
 scales matrix products in place that way."""
@@ -71,6 +75,9 @@ class _Fused:
                       f"other sizes it runs uncompiled", file=sys.stderr)
             self.function(ns)
             return
+        except RuntimeError:  # a guard's assertion (or another failure) in the compiled code
+            self.function(ns)  # uncompiled, it raises the guard's worded error
+            raise
         ns.update(local)
 
 
