@@ -3,7 +3,8 @@
 At each size of :data:`SIZES` (``paper_block``, float64, CPU, in one process), as ratios to
 the fastest route of the other tools:
 
-* the HVP against torch double backward, ``torch.func`` jvp-of-grad, curvlinops'
+* the HVP (``--fused``: also the generated torch module through ``torch.compile``) against
+  torch double backward, ``torch.func`` jvp-of-grad, curvlinops'
   ``HessianLinearOperator`` matvec and JAX ``jit(jvp(grad))``;
 * the Gauss–Newton-vector product against curvlinops' ``GGNLinearOperator`` matvec and JAX
   ``jit`` (``jvp``, the loss's curvature, ``vjp``);
@@ -110,6 +111,14 @@ def _time(routes: dict[str, Callable], repeats: int, report: Callable[[str], Non
     return times
 
 
+def _warmed(route: Callable, report: Callable[[str], None]) -> Callable:
+    """``route``, called once first (its compilation, reported with its time)."""
+    start = time.perf_counter()
+    route()
+    report(f"      (curvgap torch fused: compiled in {time.perf_counter() - start:.1f} s)")
+    return route
+
+
 def _ratios(times: dict[str, float], ours: list[str]) -> dict[str, float]:
     """Each of ``ours`` against the fastest other route (above 1: curvgap is faster)."""
     others = [t for name, t in times.items() if name not in ours]
@@ -133,6 +142,8 @@ def _case(r: Routes, config, repeats: int, report: Callable[[str], None]) -> dic
                                                              r.v), report)
     row: dict = {}
     report("    Hessian-vector product")
+    fused = r.modules.get("torch fused")
+    ours = ["curvgap torch", "curvgap numpy"] + (["curvgap torch fused"] if fused else [])
     hvp = {"curvgap torch": lambda: module.hvp(*args, r.v),
            "curvgap numpy": lambda: numpy_module.hvp(*np_args, v_np),
            "torch double backward": r.hvp_double_backward(),
@@ -141,13 +152,14 @@ def _case(r: Routes, config, repeats: int, report: Callable[[str], None]) -> dic
                          report))
     if "jax jit hvp" in jax_fns:
         hvp["jax jit"] = jax_fns["jax jit hvp"]
+    if fused:
+        hvp["curvgap torch fused"] = _warmed(lambda: fused.hvp(*args, r.v), report)
     row["hvp"] = _time(hvp, repeats, report)
     torch_routes = [k for k in row["hvp"] if k.startswith(("torch", "curvlinops"))]
     row["hvp_vs_fastest_torch"] = {k: min(row["hvp"][t] for t in torch_routes) / row["hvp"][k]
-                                   for k in ("curvgap torch", "curvgap numpy")}
+                                   for k in ours}
     if "jax jit" in row["hvp"]:
-        row["hvp_vs_jax"] = {k: row["hvp"]["jax jit"] / row["hvp"][k]
-                             for k in ("curvgap torch", "curvgap numpy")}
+        row["hvp_vs_jax"] = {k: row["hvp"]["jax jit"] / row["hvp"][k] for k in ours}
     report("    Gauss–Newton-vector product")
     ggn = {"curvgap torch": lambda: module.gnvp(*args, r.v),
            "curvgap numpy": lambda: numpy_module.gnvp(*np_args, v_np)}
@@ -155,11 +167,13 @@ def _case(r: Routes, config, repeats: int, report: Callable[[str], None]) -> dic
                          report))
     if "jax jit ggn" in jax_fns:
         ggn["jax jit"] = jax_fns["jax jit ggn"]
+    if fused:
+        ggn["curvgap torch fused"] = _warmed(lambda: fused.gnvp(*args, r.v), report)
     row["gnvp"] = _time(ggn, repeats, report)
     for other in ("curvlinops GGN matvec", "jax jit"):
         if other in row["gnvp"]:
             row[f"gnvp_vs_{other.split()[0]}"] = {
-                k: row["gnvp"][other] / row["gnvp"][k] for k in ("curvgap torch", "curvgap numpy")}
+                k: row["gnvp"][other] / row["gnvp"][k] for k in ours}
     report("    exact diagonal")
     n = r.v.numel()
     autograd, factor = _autograd_diagonal(r, n <= WHOLE_DIAGONAL)
@@ -194,6 +208,9 @@ def _agreement(r: Routes, module, jax_fns: dict, autograd_diagonal: Callable | N
     mine = module.hvp(*args, r.v)
     out = {"hvp vs torch.func": rel(mine, torch.cat(
         [t.reshape(-1) for t in r.hvp_jvp_of_grad()().values()]))}
+    if "torch fused" in r.modules:
+        out["fused hvp vs torch.func"] = rel(r.modules["torch fused"].hvp(*args, r.v), torch.cat(
+            [t.reshape(-1) for t in r.hvp_jvp_of_grad()().values()]))
     if jax_fns:
         out["hvp vs jax"] = rel(mine, jax_fns["jax jit hvp"]())
         out["gnvp vs jax"] = rel(module.gnvp(*args, r.v), jax_fns["jax jit ggn"]())
@@ -287,10 +304,14 @@ def _memory(dims: dict, batch: int, backend: str, report: Callable[[str], None])
 
 
 def run_scale(config_name: str = "paper_block", quick: bool = False, out: Path | None = None,
-              report: Callable[[str], None] = print) -> dict:
-    """The scale table; returns (and writes to ``out/scale.json``) the results."""
+              report: Callable[[str], None] = print, fused: bool = False) -> dict:
+    """The scale table; returns (and writes to ``out/scale.json``) the results. ``fused``:
+    the HVP and Gauss–Newton product of the generated torch module through ``torch.compile``
+    too (route ``curvgap torch fused``)."""
     config = load(CONFIGS / f"{config_name}.toml")
     modules = {b: module_for(config, b) for b in ("torch", "numpy")}
+    if fused:
+        modules["torch fused"] = module_for(config, "torch", fused=True)
     repeats = 1 if quick else 3
     report(f"curvgap bench --scale: {config_name}, float64, "
            f"{torch.get_num_threads()} torch threads, median of at least {repeats} runs")
@@ -310,7 +331,8 @@ def run_scale(config_name: str = "paper_block", quick: bool = False, out: Path |
     memory = [_memory(dims, batch, backend, report)
               for dims, batch in (QUICK_SIZES if quick else MEMORY_SIZES)
               for backend in ("torch", "numpy")]
-    results = {"config": config_name, "quick": quick, "machine": machine(), "rows": rows,
+    results = {"config": config_name, "quick": quick, "fused": fused, "machine": machine(),
+               "rows": rows,
                "real_layer": layer, "memory": memory}
     _print_summary(results, report)
     if out is not None:

@@ -3,7 +3,7 @@
 ``curvgap generate [--config FILE ...] [--out DIR] [--check] [--force] [--no-verify]``
 ``curvgap latex NAME [--out DIR] [--pdf]``
 ``curvgap bench [--config NAME] [--quick] [--out DIR]`` (or ``--scale``, ``--accuracy``,
-``--distributed``, ``--models [--device cuda] [--fused]``)
+``--distributed``, ``--models [--device cuda] [--fused]``; ``--scale [--fused]``)
 ``curvgap reproduce [--quick] [--out DIR]``
 """
 
@@ -108,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                        help="where --models runs (default: cpu)")
     bench.add_argument("--fused", action="store_true",
-                       help="with --models: curvgap's code through torch.compile "
-                            "(curvature(..., fused=True); compiled in each row's warm-up)")
+                       help="with --models or --scale: curvgap's code through torch.compile "
+                            "too (fused=True; compiled in each row's warm-up)")
     bench.add_argument("--distributed", action="store_true",
                        help="curvature over the digits ViT's training set on 1 and 2 "
                             "processes (torch.distributed, gloo on 127.0.0.1)")
@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         print("curvgap: error: --device cuda: expected --models with it (the other bench "
               "modes run on the CPU)", file=sys.stderr)
         return 2
-    if args.command == "bench" and args.fused and not args.models:
-        print("curvgap: error: --fused: expected --models with it (the whole-model table is "
-              "what it measures)", file=sys.stderr)
+    if args.command == "bench" and args.fused and not (args.models or args.scale):
+        print("curvgap: error: --fused: expected --models or --scale with it (the tables it "
+              "adds fused routes to)", file=sys.stderr)
         return 2
     try:
         absent = missing(*needs(args))
@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "bench" and args.scale:
         from ..benchmarks.scale import run_scale
 
-        run_scale(args.config, args.quick, args.out)
+        run_scale(args.config, args.quick, args.out, fused=args.fused)
         return 0
     if args.command == "bench":
         from ..benchmarks.suite import run

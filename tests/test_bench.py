@@ -36,13 +36,16 @@ def test_quick_bench_writes_finite_results(tmp_path):
 
 @pytest.mark.slow
 def test_quick_scale_bench_writes_finite_results_that_agree(tmp_path):
-    assert cli.main(["bench", "--scale", "--quick", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--scale", "--quick", "--fused", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "scale.json").read_text())
-    assert len(results["rows"]) == 2
+    assert len(results["rows"]) == 2 and results["fused"] is True
     for row in results["rows"]:
         for quantity in ("hvp", "gnvp", "diagonal"):
             assert {"curvgap torch", "curvgap numpy"} <= set(row[quantity])
             assert all(math.isfinite(t) and t > 0 for t in row[quantity].values())
+        for quantity in ("hvp", "gnvp"):
+            assert "curvgap torch fused" in row[quantity]
+        assert "fused hvp vs torch.func" in row["agreement"]
         assert {"torch double backward", "torch.func jvp of grad",
                 "autograd vmap of n HVPs"} <= set(row["hvp"]) | set(row["diagonal"])
         # the quick sizes time the autograd diagonal whole, so it is compared too

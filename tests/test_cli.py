@@ -55,7 +55,7 @@ def test_help_imports_neither_torch_nor_sympy(command):
     (["bench", "--scale", "--config", "gone"], "--config: expected a shipped config name"),
     (["reproduce", "--out", "afile.txt/sub"], "--out: expected a folder path"),
     (["bench", "--device", "cuda"], "--device cuda: expected --models with it"),
-    (["bench", "--fused"], "--fused: expected --models with it"),
+    (["bench", "--fused"], "--fused: expected --models or --scale with it"),
 ])
 def test_a_bad_path_stops_before_torch_and_sympy_are_imported(args, message, tmp_path):
     (tmp_path / "afile.txt").write_text("mine")
