@@ -6,6 +6,10 @@ backward pass, double backward (MATH attention kernel) and ``torch.func`` jvp + 
 the loss's curvature — as ratios ``autograd time / curvgap time`` (above 1: curvgap is
 faster) —, the peak memory each adds above what the process holds (Linux: the peak resident
 set, reset before each route), and curvgap's relative error against each autograd result.
+With curvlinops installed, the Gauss–Newton product also against curvlinops'
+``GGNLinearOperator`` matvec on the same module, once as a single product and once as a
+product of curvgap's operator at the point (``hessian_operator(..., part="gauss_newton")``,
+which keeps the point's forward values between products, as an iterative solver uses it).
 Then the top Hessian eigenvalue by ``scipy``'s ``eigsh`` on
 ``hessian_operator(...).to_scipy()`` against ``eigsh`` on double-backward products.
 
@@ -18,6 +22,7 @@ peak allocation there); ``--fused`` runs curvgap's code through ``torch.compile`
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import statistics
 import sys
@@ -232,6 +237,55 @@ class Routes:
     def gnvp(self) -> torch.Tensor:
         return self.curvature.gnvp(*self._args(), self.v, **self.model.inputs)
 
+    @functools.cached_property
+    def _gauss_newton(self) -> Any:
+        return self.curvature.hessian_operator(*self._args(), part="gauss_newton",
+                                               **self.model.inputs)
+
+    def gn_operator(self) -> torch.Tensor:
+        """One product of curvgap's Gauss–Newton operator at this point, which keeps the
+        point's forward values from its first product on."""
+        return self._gauss_newton @ self.v
+
+    # -- curvlinops -------------------------------------------------------------------------
+    @functools.cached_property
+    def _curvlinops(self) -> tuple[Any, torch.Tensor]:
+        """curvlinops' ``GGNLinearOperator`` over the parameters the loss depends on (its
+        ``vmap`` cannot return an unused parameter's zeros), and their mask in ``v``."""
+        from curvlinops import GGNLinearOperator
+
+        params = list(self.params.values())
+        with sdpa_kernel(SDPBackend.MATH):
+            grads = torch.autograd.grad(self._loss_of(self._output()), params, allow_unused=True)
+        used = torch.cat([torch.full((p.numel(),), g is not None, device=p.device)
+                          for p, g in zip(params, grads)])
+        m = self.model
+        X = m.X if m.X is not None else m.inputs["inputs_embeds"]
+        loss = torch.nn.MSELoss() if m.loss == "mse" else torch.nn.CrossEntropyLoss()
+        operator = GGNLinearOperator(_OfItsInput(m), loss,
+                                     [p for p, g in zip(params, grads) if g is not None],
+                                     [(X, m.T)], progressbar=False, check_deterministic=False)
+        return operator, used
+
+    def curvlinops_ggn(self) -> torch.Tensor:
+        """curvlinops' GGN matvec of ``v`` (zero on the parameters the loss ignores)."""
+        operator, used = self._curvlinops
+        with sdpa_kernel(SDPBackend.MATH):  # the fused kernels have no forward mode
+            return torch.zeros_like(self.v).masked_scatter(used, operator @ self.v[used])
+
+
+class _OfItsInput(torch.nn.Module):
+    """A model's module as a function of its input alone, as curvlinops calls a model."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.inner, self.inputs, self.embedded = model.module, model.inputs, model.X is None
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        out = (self.inner(**{**self.inputs, "inputs_embeds": X}) if self.embedded
+               else self.inner(X, **self.inputs))
+        return out if isinstance(out, torch.Tensor) else out[0]
+
 
 def synchronized(fn: Callable, device: str) -> Callable:
     """``fn`` that returns once the device has finished its work (for timing on a GPU)."""
@@ -287,14 +341,29 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(torch.finfo(b.dtype).tiny))
 
 
-PAIRS = [("gradient", "backward"), ("hvp", "double_backward"), ("gnvp", "jvp_vjp")]
+#: ``(key, curvgap's route, the route it is compared with)`` of a row's ratios and errors.
+PAIRS = [("gradient", "gradient", "backward"), ("hvp", "hvp", "double_backward"),
+         ("gnvp", "gnvp", "jvp_vjp")]
+#: The same, against curvlinops (when it is installed).
+CURVLINOPS_PAIRS = [("gnvp_curvlinops", "gnvp", "curvlinops_ggn"),
+                    ("gn_operator_curvlinops", "gn_operator", "curvlinops_ggn")]
+
+
+def _pairs() -> list[tuple[str, str, str]]:
+    try:
+        import curvlinops  # noqa: F401
+    except ImportError:
+        return PAIRS
+    return PAIRS + CURVLINOPS_PAIRS
 
 
 def measure(model: Model, rounds: int, device: str = "cpu", fused: bool = False) -> dict:
     """One model's row: times (median of ``rounds``, routes interleaved), ratios, peak
     memory and agreement (curvgap's code through ``torch.compile`` when ``fused``)."""
     routes = Routes(model, fused)
-    run = {name: synchronized(getattr(routes, name), device) for pair in PAIRS for name in pair}
+    pairs = _pairs()
+    names = dict.fromkeys(name for _, ours, theirs in pairs for name in (ours, theirs))
+    run = {name: synchronized(getattr(routes, name), device) for name in names}
     start = time.perf_counter()
     results = {name: fn() for name, fn in run.items()}  # the warm-up (and first use)
     first_use = time.perf_counter() - start
@@ -309,10 +378,10 @@ def measure(model: Model, rounds: int, device: str = "cpu", fused: bool = False)
     return {
         "model": model.name, "dtype": str(next(iter(routes.params.values())).dtype)[6:],
         "parameters": routes.v.numel(), "seconds": median,
-        "ratio": {ours: median[theirs] / median[ours] for ours, theirs in PAIRS},
+        "ratio": {key: median[theirs] / median[ours] for key, ours, theirs in pairs},
         "peak_memory_gb": memory,
-        "relative_error": {ours: _relative(results[ours], results[theirs])
-                           for ours, theirs in PAIRS},
+        "relative_error": {key: _relative(results[ours], results[theirs])
+                           for key, ours, theirs in pairs},
         "warm_up_seconds": first_use, "device": device, "fused": fused}
 
 
@@ -359,23 +428,35 @@ def _line(row: dict) -> str:
             f"{s['gradient']:7.3f} {s['hvp']:7.3f} {s['gnvp']:7.3f}   "
             f"{s['backward']:7.3f} {s['double_backward']:7.3f} {s['jvp_vjp']:7.3f}   "
             f"{r['gradient']:5.2f} {r['hvp']:5.2f} {r['gnvp']:5.2f}   {memory}   "
-            f"{max(e.values()):.1e}")
+            f"{max(e.values()):.1e}"
+            + (f"   curvlinops {s['curvlinops_ggn']:7.3f}, kept-point operator "
+               f"{s['gn_operator']:7.3f}: {r['gnvp_curvlinops']:5.2f} "
+               f"{r['gn_operator_curvlinops']:5.2f}" if "gnvp_curvlinops" in r else ""))
+
+
+def _ratio(ratios: dict, key: str) -> str:
+    return f"{ratios[key]:.2f}×" if key in ratios else "n/a"
 
 
 def markdown(results: dict) -> str:
     """The run's table in Markdown (as the README shows it): per model and dtype the ratios
-    ``autograd time / curvgap time``, the peak memory of the HVP against double backward,
+    ``autograd time / curvgap time`` (curvlinops' time for its columns; n/a in a run without
+    curvlinops), the peak memory of the HVP against double backward,
     and the largest relative error; for a fused run the first calls' time; the eigenvalue's
     line last."""
     lines = ["| model | dtype | parameters | gradient vs backward | HVP vs double backward | "
-             "GN product vs jvp + vjp | peak memory, HVP vs double backward | largest "
-             "relative error |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "GN product vs jvp + vjp | GN product vs curvlinops' GGN matvec | GN operator "
+             "product at a kept point vs curvlinops' | peak memory, HVP vs double backward | "
+             "largest relative error |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in results["rows"]:
         r, m = row["ratio"], row["peak_memory_gb"]
         memory = ("n/a" if m["hvp"] is None or m["double_backward"] is None
                   else f"{m['hvp']:.2f} GB vs {m['double_backward']:.2f} GB")
         lines.append(f"| {row['model']} | {row['dtype']} | {row['parameters']:,} | "
-                     f"{r['gradient']:.2f}× | {r['hvp']:.2f}× | {r['gnvp']:.2f}× | {memory} | "
+                     f"{r['gradient']:.2f}× | {r['hvp']:.2f}× | {r['gnvp']:.2f}× | "
+                     f"{_ratio(r, 'gnvp_curvlinops')} | {_ratio(r, 'gn_operator_curvlinops')} | "
+                     f"{memory} | "
                      f"{max(row['relative_error'].values()):.1e} |")
     if results.get("fused"):
         first = [row["warm_up_seconds"] for row in results["rows"]]
@@ -416,7 +497,8 @@ def run_models(quick: bool, out: Path, device: str = "cpu", fused: bool = False)
     print("  times in seconds: curvgap gradient / HVP / GN product, autograd backward / "
           "double backward / torch.func jvp+vjp; ratios autograd/curvgap (above 1: curvgap "
           "faster); peak extra memory GB of the HVP vs double backward; largest relative "
-          "error", flush=True)
+          "error; with curvlinops, its GGN matvec's time and the ratios over it of the GN "
+          "product and of the GN operator's product at a kept point", flush=True)
     rows = []
     for maker, dtype, batch in QUICK_ROWS if quick else ROWS:
         model = maker(quick, dtype, batch, device)

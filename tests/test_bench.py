@@ -73,6 +73,13 @@ def test_quick_models_bench_agrees_with_autograd(tmp_path, fused):
     assert max(rows["GPT-2 (tiny)"]["relative_error"].values()) < 1e-10
     assert max(rows["Llama layer (tiny)"]["relative_error"].values()) < 1e-5
     assert max(rows["ViT (tiny)"]["relative_error"].values()) < 1e-4
+    try:  # against curvlinops' GGN matvec too, a single product and the operator's
+        import curvlinops  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        for row in rows.values():
+            assert {"gnvp_curvlinops", "gn_operator_curvlinops"} <= set(row["relative_error"])
     top = results["eigenvalue"]
     assert math.isclose(top["curvgap"]["eigenvalue"], top["double_backward"]["eigenvalue"],
                         rel_tol=1e-8)
