@@ -85,10 +85,12 @@ def test_quick_models_bench_agrees_with_autograd(tmp_path, fused):
                         rel_tol=1e-8)
 
 
-@pytest.mark.parametrize("name, fused", [("models", False), ("models_fused", True)])
+@pytest.mark.parametrize("name, fused", [("models", False), ("models_fused", True),
+                                         ("models_fused_all_threads", True)])
 def test_the_committed_whole_model_run_is_a_full_run(name, fused):
-    """The docs render their whole-model tables from ``docs/models.json`` and
-    ``docs/models_fused.json``: full runs', unfused and fused."""
+    """The docs render their whole-model tables from ``docs/models.json``,
+    ``docs/models_fused.json`` and ``docs/models_fused_all_threads.json``: full runs',
+    unfused and fused (one thread, and every thread of the machine)."""
     from pathlib import Path
 
     from curvgap.benchmarks.models import markdown
@@ -99,6 +101,8 @@ def test_the_committed_whole_model_run_is_a_full_run(name, fused):
     assert all(bool(row.get("fused")) == fused for row in results["rows"])
     assert markdown(results).count("\n| ") == len(results["rows"]) + 1
     assert ("First calls" in markdown(results)) == fused
+    threads = int(results["device"].split()[0])
+    assert threads > 1 if name.endswith("all_threads") else threads == 1
 
 
 def test_the_readme_shows_the_committed_accuracy_run():

@@ -62,6 +62,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "accuracy": _accuracy,
     "models": _models,
     "models_fused": lambda: _models("models_fused"),
+    "models_fused_all_threads": lambda: _models("models_fused_all_threads"),
     "cli": _cli,
     "latex": _latex,
 }
