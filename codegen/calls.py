@@ -2,7 +2,7 @@
 
 An einsum call parses its spec and permutes and reshapes its operands on every call; for
 the small arrays of a Hessian-vector product that overhead is larger than the arithmetic.
-The contractions the lowering emits are mostly of five simple kinds, each of which one
+The contractions the lowering emits are mostly of six simple kinds, each of which one
 array call (or an indexed product) computes directly. :func:`classify` names the kind and
 its axes; the printers print it, and anything else stays an einsum.
 """
@@ -55,7 +55,26 @@ class Matmul:
     transpose_right: bool
 
 
-Call = Sum | Permute | Product | ProductSum | Matmul
+@dataclass(frozen=True)
+class MergedMatmul:
+    """One matrix product of reshaped operands: the output is ``(M..., N...)``, the axes
+    ``M...`` one operand's (``left``) and ``N...`` the other's, every summed index ``K...``
+    in both operands, and each operand two runs of adjacent axes, ``(M..., K...)`` or
+    ``(K..., M...)`` (transposed), ``(K..., N...)`` or ``(N..., K...)`` (transposed), with
+    ``K...`` in the same order in both. A parameter's gradient summed over batch and
+    sequence is one: ``bda,bdc->ac`` is ``(BL, a)ᵀ @ (BL, c)``. ``m``, ``k``, ``n`` count
+    the axes of each run."""
+
+    left: int
+    right: int
+    transpose_left: bool
+    transpose_right: bool
+    m: int
+    k: int
+    n: int
+
+
+Call = Sum | Permute | Product | ProductSum | Matmul | MergedMatmul
 
 
 def classify(spec: str) -> Call | None:
@@ -74,7 +93,7 @@ def classify(spec: str) -> Call | None:
         return _product(specs, out)
     if a == b and out == "".join(c for c in a if c not in summed):
         return ProductSum(tuple(a.index(c) for c in a if c in summed))
-    return _matmul(a, b, out, summed)
+    return _matmul(a, b, out, summed) or _merged_matmul(a, b, out, summed)
 
 
 def _single(spec: str, out: str) -> Call | None:
@@ -113,3 +132,19 @@ def _matmul(a: str, b: str, out: str, summed: set[str]) -> Matmul | None:
             return None
         transposed.append(tail != (free + k if free == m else k + free))
     return Matmul(left, right, *transposed)
+
+
+def _merged_matmul(a: str, b: str, out: str, summed: set[str]) -> MergedMatmul | None:
+    if not summed <= set(a) & set(b) or set(a) & set(b) & set(out) or not out:
+        return None
+    left = 0 if out[0] in a else 1
+    m = "".join(c for c in out if c in (a, b)[left])
+    n = out[len(m):]
+    if not out.startswith(m) or not n:
+        return None  # the output is not one operand's axes, then the other's
+    spec_left, spec_right = (a, b)[left], (a, b)[1 - left]
+    k = "".join(c for c in spec_left if c in summed)
+    if spec_left not in (m + k, k + m) or spec_right not in (k + n, n + k):
+        return None
+    return MergedMatmul(left, 1 - left, spec_left == k + m, spec_right == n + k,
+                        len(m), len(k), len(n))

@@ -33,7 +33,13 @@ CASES = [
     ("ec,baed->bacd", calls.Matmul),     # a matrix against a batch of matrices
     ("bcd,bad->bac", calls.Matmul),
     ("bae,bad->baed", calls.Product),
-    ("bfda,bfec->acde", None),           # two summed indices: an einsum
+    ("bda,bdc->ac", calls.MergedMatmul),  # a weight's gradient over batch and sequence
+    ("bdc,bda->ac", calls.MergedMatmul),  # the same with the operands swapped
+    ("bgacd,bge->acde", calls.MergedMatmul),  # a per-head weight's gradient
+    ("ab,bcd->acd", calls.MergedMatmul),  # one summed index, the output's last two axes
+    ("cab,dab->cd", calls.MergedMatmul),  # right operand transposed
+    ("bfda,bfec->acde", None),           # the output interleaves the operands' axes
+    ("bfa,bcdfe->acde", None),           # a summed run split by free axes
     ("bfgc,bfg->bfc", None),             # matrix-vector with a shared row index
     ("bac,bcda->bacd", None),            # the summed-free index c kept: not a matmul
     ("bad,bae->bead", None),             # an outer product with axes out of order

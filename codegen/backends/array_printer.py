@@ -93,7 +93,7 @@ class ArrayPrinter(PythonCodePrinter):
             return (f'{node.result} = _row_major_einsum("{node.spec}", '
                     f'{", ".join(node.operands)})')
         value = self.contraction(call, node.spec, node.operands)
-        if node.row_major and not isinstance(call, calls.Matmul):
+        if node.row_major and not isinstance(call, (calls.Matmul, calls.MergedMatmul)):
             value = self.row_major(value)  # a matmul's result is row-major already
         return f"{node.result} = {value}"
 
@@ -113,9 +113,31 @@ class ArrayPrinter(PythonCodePrinter):
             left, right = x[call.left], x[call.right]
             value = (f"{self.transposed(left) if call.transpose_left else left} @ "
                      f"{self.transposed(right) if call.transpose_right else right}")
+        elif isinstance(call, calls.MergedMatmul):
+            value = self.merged_matmul(call, x)
         else:
             value = self.einsum(spec, x)
         return value
+
+    def merged_matmul(self, call: calls.MergedMatmul, x: tuple[str, ...]) -> str:
+        """``call``'s operands reshaped to matrices (views of row-major arrays), their
+        product, and that reshaped to the output's axes."""
+        left, right = x[call.left], x[call.right]
+        # the free run of each operand: its axes [start, stop), the other run its remaining ones
+        m_axes = (call.k, call.k + call.m) if call.transpose_left else (0, call.m)
+        n_axes = (0, call.n) if call.transpose_right else (call.k, call.k + call.n)
+        matrices = []
+        for name, (start, stop), transpose in ((left, m_axes, call.transpose_left),
+                                               (right, n_axes, call.transpose_right)):
+            size = " * ".join(f"{name}.shape[{i}]" for i in range(start, stop))
+            shape = f"-1, {size}" if start else f"{size}, -1"
+            matrix = f"{name}.reshape({shape})"
+            matrices.append(self.transposed(matrix) if transpose else matrix)
+        value = f"{matrices[0]} @ {matrices[1]}"
+        if call.m == 1 and call.n == 1:
+            return value
+        return (f"({value}).reshape({left}.shape[{m_axes[0]}:{m_axes[1]}] + "
+                f"{right}.shape[{n_axes[0]}:{n_axes[1]}])")
 
     def einsum(self, spec: str, operands: tuple[str, ...]) -> str:
         return f'{self.module}.einsum("{spec}", {", ".join(operands)})'
