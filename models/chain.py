@@ -917,7 +917,8 @@ class Chain:
         then per direction one tangent sweep up (each part's ``jvp_saved``) and one sweep down
         (``hvp_saved``: the adjoints, shared by the directions, and their tangents; ``gnvp``:
         the top part's ``gnvp_saved``, then each part's transposed Jacobians by
-        ``vjp_saved``, no second derivative). ``keep``, a dict its caller holds between calls
+        ``vjp_saved``, no second derivative, so that the parts below the top drop their
+        inner tangents on the way up). ``keep``, a dict its caller holds between calls
         at one point (the same ``params``, ``X`` and ``target``, as an operator does), keeps
         that forward pass and the adjoints the sweeps compute, so later calls run only the
         tangent and second-order sweeps. Results are in the dtype they are computed in, not
@@ -951,11 +952,13 @@ class Chain:
         for j, column in enumerate(columns):
             last = j == len(columns) - 1 and keep is None  # its forward values then freed
             tangent = column if per_sample else None
-            for k in range(lowest, self.depth):
-                tangent = self.modules[k].jvp_saved(saved[k], None if per_sample else column[k],
-                                                    tangent)
-            products: list = [None] * self.depth
             top = self.depth - 1
+            for k in range(lowest, self.depth):
+                # the sweep down reads a part's inner tangents for an HVP, and for a
+                # Gauss–Newton product only at the top (below it: transposed Jacobians)
+                tangent = self.modules[k].jvp_saved(saved[k], None if per_sample else column[k],
+                                                    tangent, keep_inner=kind == "hvp" or k == top)
+            products: list = [None] * self.depth
             if kind == "hvp":
                 down, cotangent = None, target
                 for k in range(top, lowest - 1, -1):

@@ -259,6 +259,32 @@ def test_diagonals_and_gauss_newton_products_equal_autograd(case, expected, back
     assert relative(model.diagonal(params, X, T, wrt=wrt), full[index]) <= 1e-10
 
 
+
+def test_a_gauss_newton_product_keeps_no_inner_tangents_below_the_top_part(case, expected):
+    """Between products at one point, the parts below the top keep their forward values and
+    adjoints but not the tangents of their inner nodes (a Gauss–Newton product's sweep down
+    reads none of them); an HVP at the same point still finds them, and both are exact."""
+    model, params, X, T = case
+    flat, _, _, H, gauss_newton = expected
+    v = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64)
+    sizes = [params[name].numel() for name in model.PARAMS]
+    direction = {name: part.reshape(params[name].shape)
+                 for name, part in zip(model.PARAMS, torch.split(v, sizes))}
+
+    def product(kind: str, keep: dict) -> torch.Tensor:
+        (pieces,) = model.product_pieces(kind, params, X, T, [direction], keep)
+        return torch.cat([pieces[name].reshape(-1) for name in model.PARAMS])
+
+    keep: dict = {}
+    for _ in range(2):
+        assert relative(product("gnvp", keep), gauss_newton @ v) <= 1e-10
+        *below, top = keep["saved"]
+        assert not any("jvp" in saved["_done"] for saved in below)
+        assert "jvp" in top["_done"]
+    assert relative(product("hvp", keep), H @ v) <= 1e-10
+    assert all("jvp" in saved["_done"] for saved in keep["saved"])
+
 #: A causal language model on one-hot token rows, its head tied to the token table; and a
 #: T5-style stack whose blocks share the first one's relative-position table.
 TIED = {"name": "tiny_lm", "depth": 2, "loss": "cross_entropy", "tie_embeddings": True,
