@@ -259,7 +259,6 @@ def test_diagonals_and_gauss_newton_products_equal_autograd(case, expected, back
     assert relative(model.diagonal(params, X, T, wrt=wrt), full[index]) <= 1e-10
 
 
-
 def test_a_gauss_newton_product_keeps_no_inner_tangents_below_the_top_part(case, expected):
     """Between products at one point, the parts below the top keep their forward values and
     adjoints but not the tangents of their inner nodes (a Gauss–Newton product's sweep down
@@ -284,6 +283,7 @@ def test_a_gauss_newton_product_keeps_no_inner_tangents_below_the_top_part(case,
         assert "jvp" in top["_done"]
     assert relative(product("hvp", keep), H @ v) <= 1e-10
     assert all("jvp" in saved["_done"] for saved in keep["saved"])
+
 
 #: A causal language model on one-hot token rows, its head tied to the token table; and a
 #: T5-style stack whose blocks share the first one's relative-position table.
