@@ -27,12 +27,15 @@ class Elementwise:
 class Contract:
     """``result = einsum(spec, *operands)`` (two operands at most: a computed order);
     ``row_major``: the result is laid out row-major (a node: arrays computed from it
-    follow its layout, and reshapes of a transposed layout copy)."""
+    follow its layout, and reshapes of a transposed layout copy); ``into``: a matrix
+    product writes it straight into the caller's array for it, when the call has one (a
+    result the caller places in a larger array, such as a gradient in a flat vector)."""
 
     result: str
     spec: str
     operands: tuple[str, ...]
     row_major: bool = False
+    into: bool = False
 
 
 @dataclass(frozen=True)

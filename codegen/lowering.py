@@ -10,7 +10,9 @@ function and shared, and so is every pairwise product: the contraction order cou
 product the function already has as free. A node is made by its first full product (or as
 one sum of arrays) and then accumulated into, and is laid out row-major. After lowering,
 terms that share an operand are combined (distributivity) and temporaries are freed after
-their last use.
+their last use. A parameter's gradient, Hessian- or Gauss–Newton-vector product made by a
+matrix product is written straight into the caller's array for it, when the caller passes
+one (a slice of the flat result it returns).
 """
 
 from __future__ import annotations
@@ -441,7 +443,8 @@ def factor_shared_operands(statements: list, fresh: Callable[[], str]) -> list:
 def make_arrays_from_products(statements: list, keep: set[str]) -> list:
     """A node's zeros followed by a first accumulation of a full product (a fresh array
     that nothing else reads, not a node of ``keep``) become that product, scaled in place:
-    no zeros to add to, and no second array of the node's size."""
+    no zeros to add to, and no second array of the node's size. So does a node assigned
+    as a multiple of such a product."""
     contracts = {s.result: position for position, s in enumerate(statements)
                  if isinstance(s, ir.Contract)}
     uses: dict[str, int] = {}
@@ -453,6 +456,15 @@ def make_arrays_from_products(statements: list, keep: set[str]) -> list:
     for position, statement in enumerate(statements):
         if isinstance(statement, ir.Zeros):
             zeros[statement.result] = position
+            continue
+        if isinstance(statement, ir.Assign) and statement.value in contracts:
+            source = contracts[statement.value]
+            if (source < position and uses[statement.value] == 1
+                    and statement.value not in keep
+                    and len(statements[source].operands) == 2):
+                out[source] = dataclasses.replace(statements[source], result=statement.result)
+                out[position] = (None if statement.coeff == 1
+                                 else ir.Scale(statement.result, statement.coeff))
             continue
         if not isinstance(statement, ir.Accumulate) or statement.target not in zeros:
             continue
@@ -479,6 +491,13 @@ def lay_out_nodes_row_major(statements: list, nodes: set[str]) -> list:
         return (isinstance(statement, (ir.Contract, ir.Combine, ir.Assign))
                 and statement.result in nodes and getattr(statement, "value", "") is not None)
     return [dataclasses.replace(s, row_major=True) if makes_node(s) else s for s in statements]
+
+
+def write_results_into_callers_arrays(statements: list, results: set[str]) -> list:
+    """The matrix products that make one of ``results`` (a parameter's gradient or product)
+    marked to write it into the caller's array for it (:attr:`ir.Contract.into`)."""
+    return [dataclasses.replace(s, into=True)
+            if isinstance(s, ir.Contract) and s.result in results else s for s in statements]
 
 
 def free_temporaries(statements: list, keep: set[str]) -> list:
@@ -521,6 +540,8 @@ def lower(der: Derivation) -> list[Function]:
                 and terms[0].factors[0].indices == assign.target.indices):
             factor = terms[0].factors[0]
             applied_nodes[(factor.fn.key, factor.name)] = assign.target.name
+    results = {node for kind in ("gradient", "hvp_joint", "gnvp_joint")
+               for wrt, node in der.nodes(kind).items() if wrt != "X"}
     functions = []
     for name, group in der.groups.items():
         function = Function(name, group.requires)
@@ -532,8 +553,8 @@ def lower(der: Derivation) -> list[Function]:
             lowerer.assign(assign)
             if assign.target.name in guards:  # a statement of its own, after its node
                 function.statements.append(guards[assign.target.name])
-        statements = make_arrays_from_products(
-            factor_shared_operands(function.statements, lowerer.temp), set(written))
+        statements = write_results_into_callers_arrays(make_arrays_from_products(
+            factor_shared_operands(function.statements, lowerer.temp), set(written)), results)
         function.statements = free_temporaries(
             lay_out_nodes_row_major(statements, set(written)), set(written))
         function.reads = [n for n in lowerer.used if n not in written]

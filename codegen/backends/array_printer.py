@@ -92,14 +92,17 @@ class ArrayPrinter(PythonCodePrinter):
             # the module's helper: a large result in slices, never held twice
             return (f'{node.result} = _row_major_einsum("{node.spec}", '
                     f'{", ".join(node.operands)})')
-        value = self.contraction(call, node.spec, node.operands)
+        value = self.contraction(call, node.spec, node.operands,
+                                 node.result if node.into else None)
         if node.row_major and not isinstance(call, (calls.Matmul, calls.MergedMatmul)):
             value = self.row_major(value)  # a matmul's result is row-major already
         return f"{node.result} = {value}"
 
-    def contraction(self, call: calls.Call | None, spec: str, x: tuple[str, ...]) -> str:
+    def contraction(self, call: calls.Call | None, spec: str, x: tuple[str, ...],
+                    into: str | None = None) -> str:
         """The einsum ``spec`` of ``x`` as ``call``, the direct call of :mod:`codegen.calls`
-        that computes it, or (None) as an einsum."""
+        that computes it, or (None) as an einsum; a matrix product of the result ``into``
+        writes into the caller's array for it (``_matmul_into``), when the call has one."""
         if isinstance(call, calls.Sum):
             value = f"{x[0]}.sum({self.axis_keyword}={call.axes})"
         elif isinstance(call, calls.Permute):
@@ -111,15 +114,24 @@ class ArrayPrinter(PythonCodePrinter):
             value = f"({x[0]} * {x[1]}).sum({self.axis_keyword}={call.axes})"
         elif isinstance(call, calls.Matmul):
             left, right = x[call.left], x[call.right]
-            value = (f"{self.transposed(left) if call.transpose_left else left} @ "
-                     f"{self.transposed(right) if call.transpose_right else right}")
+            value = self.product(self.transposed(left) if call.transpose_left else left,
+                                 self.transposed(right) if call.transpose_right else right,
+                                 into)
         elif isinstance(call, calls.MergedMatmul):
-            value = self.merged_matmul(call, x)
+            value = self.merged_matmul(call, x, into)
         else:
             value = self.einsum(spec, x)
         return value
 
-    def merged_matmul(self, call: calls.MergedMatmul, x: tuple[str, ...]) -> str:
+    @staticmethod
+    def product(left: str, right: str, into: str | None) -> str:
+        """``left @ right``; for the result ``into``, written into the caller's array."""
+        if into is None:
+            return f"{left} @ {right}"
+        return f'_matmul_into(ns, "{into}", {left}, {right})'
+
+    def merged_matmul(self, call: calls.MergedMatmul, x: tuple[str, ...],
+                      into: str | None = None) -> str:
         """``call``'s operands reshaped to matrices (views of row-major arrays), their
         product, and that reshaped to the output's axes."""
         left, right = x[call.left], x[call.right]
@@ -133,7 +145,7 @@ class ArrayPrinter(PythonCodePrinter):
             shape = f"-1, {size}" if start else f"{size}, -1"
             matrix = f"{name}.reshape({shape})"
             matrices.append(self.transposed(matrix) if transpose else matrix)
-        value = f"{matrices[0]} @ {matrices[1]}"
+        value = self.product(*matrices, into)
         if call.m == 1 and call.n == 1:
             return value
         return (f"({value}).reshape({left}.shape[{m_axes[0]}:{m_axes[1]}] + "
