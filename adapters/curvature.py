@@ -34,7 +34,7 @@ from ..codegen.cache import module_for
 from ..data import is_batches, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
-from ..models.chain import DiagonalCost, overflowed
+from ..models.chain import DiagonalCost, overflowed, written
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
@@ -262,30 +262,43 @@ class Curvature:
         return directions
 
     @staticmethod
-    def _assembled(columns: list[dict], pieces: list, like: torch.Tensor, quantity: str,
-                   matrix: bool = False) -> torch.Tensor:
-        """The runner's results (per column, runner name → array) written once into one
-        array in the module's order of ``pieces``, in ``like``'s dtype: zeros where a piece
-        is not used, the sum where a tied weight is read in several places; ``(n,)``, or
-        ``(n, k)`` for ``matrix``. FloatingPointError where it is not finite (every input
-        was checked finite: the arithmetic overflowed)."""
+    def _empty(pieces: list, like: torch.Tensor, columns: int | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """An empty result over ``pieces`` (in the module's order) in ``like``'s dtype and
+        device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece read in
+        one place, by the runner's name: the runner writes its result there."""
         n = sum(size for *_, size in pieces)
-        out = torch.empty((n, len(columns)) if matrix else (n,), dtype=like.dtype,
+        out = torch.empty((n,) if columns is None else (n, columns), dtype=like.dtype,
                           device=like.device)
+        slots, offset = {}, 0
+        for _, ours, size in pieces:
+            if columns is None and len(ours) == 1:
+                slots[ours[0]] = out[offset:offset + size]
+            offset += size
+        return out, slots
+
+    @staticmethod
+    def _assembled(out: torch.Tensor, columns: list[dict], pieces: list, quantity: str
+                   ) -> torch.Tensor:
+        """``out`` (from :meth:`_empty`) holding the runner's results (per column, runner name
+        → array) in the module's order of ``pieces``: zeros where a piece is not used, the
+        sum where a tied weight is read in several places, each result copied unless the
+        runner wrote it there. FloatingPointError where it is not finite (every input was
+        checked finite: the arithmetic overflowed)."""
         for j, values in enumerate(columns):
-            column = out[:, j] if matrix else out
+            column = out[:, j] if out.ndim == 2 else out
             offset = 0
             for _, ours, size in pieces:
                 slot = column[offset:offset + size]
                 if not ours:
                     slot.zero_()
                 else:
-                    slot.copy_(values[ours[0]].reshape(-1))
+                    written(slot, values[ours[0]])
                     for name in ours[1:]:
                         slot.add_(values[name].reshape(-1))
                 offset += size
         if not math.isfinite(float(out.sum())) and not bool(torch.isfinite(out).all()):
-            raise overflowed(quantity, like.dtype)
+            raise overflowed(quantity, out.dtype)
         return out
 
     @staticmethod
@@ -325,8 +338,9 @@ class Curvature:
         pieces, used, n = self._selection(read, wrt)
         if not used:
             return X.new_zeros(n)
-        values, _ = read.runner().gradient_pieces(params, X, T)
-        return self._assembled([values], pieces, X, "gradient: the gradient")
+        out, slots = self._empty(pieces, X)
+        values, _ = read.runner().gradient_pieces(params, X, T, out=slots)
+        return self._assembled(out, [values], pieces, "gradient: the gradient")
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
@@ -401,11 +415,12 @@ class Curvature:
         runner's parameters, the products written once in the module's order (``keep``: the
         forward values and adjoints kept between calls at one point, see
         :meth:`curvgap.models.Chain.product_pieces`)."""
+        out, slots = self._empty(pieces, v, None if v.ndim == 1 else v.shape[1])
         values = read.runner().product_pieces(kind, params, X, T,
-                                              self._directions(v, pieces, params), keep)
+                                              self._directions(v, pieces, params), keep,
+                                              out=[slots] if slots else None)
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
-        return self._assembled(values, pieces, v, f"{kind}: the {name}-vector product",
-                               v.ndim == 2)
+        return self._assembled(out, values, pieces, f"{kind}: the {name}-vector product")
 
     @over_batches(state=lambda self: self.module)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",

@@ -58,6 +58,19 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def written(array: Array, value: Array) -> None:
+    """``value`` (of ``array``'s size) in the 1-D ``array``: copied there unless it is there
+    already (a result written into its slice of a flat array)."""
+    if isinstance(array, torch.Tensor):
+        there = (value.data_ptr() == array.data_ptr() and value.is_contiguous()
+                 and value.numel() == array.numel() and value.dtype == array.dtype)
+        if not there:
+            array.copy_(value.reshape(-1))
+    elif not (value.ctypes.data == array.ctypes.data and value.flags.c_contiguous
+              and value.size == array.size and value.dtype == array.dtype):
+        array[...] = value.reshape(-1)
+
+
 def overflowed(quantity: str, dtype: Any) -> FloatingPointError:
     """The error for a result with inf or NaN entries although every input was finite."""
     return FloatingPointError(f"{quantity} has entries that are inf or NaN although every "
@@ -278,16 +291,27 @@ class Chain:
                 Z, saved[k] = self.modules[k].forward_saved(layers[k], Z)
         return saved
 
-    def _backward(self, layers: list[dict], X: Array, target: Array) -> tuple[list, list]:
+    def _part_out(self, k: int, out: dict[str, Array] | None) -> dict[str, Array] | None:
+        """The arrays of ``out`` (name of ``PARAMS`` → array) that part ``k``'s results go
+        into, by the part's own names (None: none)."""
+        if not out:
+            return None
+        keys = {name: _key(self.prefixes[k], name) for name in self.part_params[k]}
+        return {name: out[key] for name, key in keys.items() if key in out} or None
+
+    def _backward(self, layers: list[dict], X: Array, target: Array,
+                  out: dict[str, Array] | None = None) -> tuple[list, list]:
         """One forward pass and one adjoint sweep: per part its input ``Z_{k-1}``, and
         ``(gradients, g)``: its parameters' gradients (a dict of arrays averaged over the
-        batch) and the cotangent ``∂ℓ_b/∂Z_{k-1}`` of its input per sample (shaped as the
-        input), the first part's being the gradient in ``X``."""
+        batch; those named in ``out`` written there) and the cotangent ``∂ℓ_b/∂Z_{k-1}`` of
+        its input per sample (shaped as the input), the first part's being the gradient in
+        ``X``."""
         saved = self._saved(layers, X)
         inputs = [part["_like"] for part in saved]
         gradients, cotangents, cotangent = [None] * self.depth, [None] * self.depth, target
         for k in range(self.depth - 1, -1, -1):
-            gradients[k], cotangent = self.modules[k].vjp_saved(saved[k], cotangent)
+            gradients[k], cotangent = self.modules[k].vjp_saved(saved[k], cotangent,
+                                                                out=self._part_out(k, out))
             cotangents[k], saved[k] = cotangent, None  # its forward values are freed
         return inputs, gradients, cotangents
 
@@ -321,18 +345,43 @@ class Chain:
         return ({k: self._wide(a) for k, a in params.items()}, self._wide(X),
                 tuple(self._wide(o) for o in others))
 
-    def gradient_pieces(self, params: dict[str, Array], X: Array, target: Array
-                        ) -> tuple[dict[str, Array], Array]:
+    def gradient_pieces(self, params: dict[str, Array], X: Array, target: Array,
+                        out: dict[str, Array] | None = None) -> tuple[dict[str, Array], Array]:
         """One forward pass and one adjoint sweep through every part: each parameter's
         gradient (name of ``PARAMS`` → array of the parameter's size; ``reshape(-1)`` is its
         ``vec_r``), and per sample the gradient of each sample's own loss in its input, shaped
         as ``X`` — in the dtype they are computed in (float16 and bfloat16 in float32), not
-        yet checked for overflow (:meth:`gradient` assembles and checks them)."""
+        yet checked for overflow (:meth:`gradient` assembles and checks them). ``out`` (name
+        of ``PARAMS`` → a contiguous array of its size, in X's dtype): those gradients are
+        written there, by the matrix products that make them where they can (no second
+        array, no copy), and returned as views of it; ignored for float16 and bfloat16."""
+        out = self._computed_out(out, X)
         params, X, (target,) = self._widened(params, X, target)
-        _, gradients, cotangents = self._backward(self._layers(params), X, target)
+        _, gradients, cotangents = self._backward(self._layers(params), X, target, out)
         return (self._folded({_key(prefix, name): value
                               for prefix, part in zip(self.prefixes, gradients)
-                              for name, value in part.items()}), cotangents[0])
+                              for name, value in part.items()}, out), cotangents[0])
+
+    def _computed_out(self, out: dict[str, Array] | None, X: Array) -> dict[str, Array] | None:
+        """``out`` where results are computed in X's dtype (None where X is widened)."""
+        if out and self._wide(X) is X:
+            unknown = sorted(set(out) - set(self.PARAMS))
+            if unknown:
+                raise ValueError(f"out: expected arrays for names of PARAMS, got {unknown}")
+            return out
+        return None
+
+    def _flat_out(self, params: dict[str, Array], names: list[str], like: Array
+                  ) -> tuple[Array, dict[str, Array]]:
+        """An empty flat array for the results over ``names`` (in order, in the dtype ``like``
+        is computed in), and name → its slice for each."""
+        self._layers(params)  # a worded error for missing or unknown keys
+        like = self._wide(like)
+        sizes = [int(np.prod(params[name].shape)) for name in names]
+        flat = (torch.empty(sum(sizes), dtype=like.dtype, device=like.device)
+                if self.backend == "torch" else np.empty(sum(sizes), dtype=like.dtype))
+        offsets = np.cumsum([0, *sizes])
+        return flat, {name: flat[offsets[i]:offsets[i + 1]] for i, name in enumerate(names)}
 
     @over_batches()
     def gradient(self, params: dict[str, Array], X: Array, target: Array,
@@ -343,13 +392,15 @@ class Chain:
         if wrt not in (None, "X"):
             raise ValueError(f"wrt: expected None (every parameter) or 'X', got {wrt!r}")
         single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
+        flat, out = (None, None) if wrt == "X" else self._flat_out(params, self.PARAMS, X)
         pieces, in_X = self.gradient_pieces(params, X[None] if single else X,
-                                            target[None] if single else target)
+                                            target[None] if single else target, out)
         if wrt == "X":
             value = in_X.reshape(in_X.shape[0], -1)
             return self._finished(value[0] if single else value, X, "the gradient in X")
-        return self._finished(self._cat([pieces[name].reshape(-1) for name in self.PARAMS]),
-                              X, "the gradient")
+        for name in self.PARAMS:
+            written(out[name], pieces[name])
+        return self._finished(flat, X, "the gradient")
 
     def _chosen(self, wrt: str | list[str] | None, tied: bool = True) -> list[list[str]]:
         """Per part, the names of its parameters in ``wrt`` (default: all), in its order,
@@ -376,12 +427,18 @@ class Chain:
         return {**params, **{tied: self._as_tied(tied, params[source])
                              for tied, source in self.ties.items()}}
 
-    def _folded(self, pieces: dict[str, Array]) -> dict[str, Array]:
+    def _folded(self, pieces: dict[str, Array], out: dict[str, Array] | None = None
+                ) -> dict[str, Array]:
         """Per-parameter results (name → array shaped as the parameter) with each tied
-        parameter's added, in its source's layout, to its source's."""
+        parameter's added, in its source's layout, to its source's (in place where the
+        source's result was written into its array of ``out``)."""
         for tied, source in self.ties.items():
             if tied in pieces:
-                pieces[source] = pieces[source] + self._as_tied(tied, pieces.pop(tied))
+                value = self._as_tied(tied, pieces.pop(tied))
+                if out and source in out:
+                    pieces[source] += value
+                else:
+                    pieces[source] = pieces[source] + value
         return pieces
 
     def _tie_index(self, params: dict[str, Array], chosen: list[list[str]]
@@ -908,7 +965,7 @@ class Chain:
 
     def product_pieces(self, kind: str, params: dict[str, Array], X: Array, target: Array,
                        directions: list[dict[str, Array]] | Array,
-                       keep: dict | None = None) -> list:
+                       keep: dict | None = None, out: list[dict] | None = None) -> list:
         """``kind`` (``"hvp"`` or ``"gnvp"``) along each direction of ``directions``: a list of
         dicts (name of ``PARAMS`` → direction shaped as the parameter; those left out are
         zero), each giving a dict of the products over the parameters it names; or a per-sample
@@ -922,10 +979,13 @@ class Chain:
         at one point (the same ``params``, ``X`` and ``target``, as an operator does), keeps
         that forward pass and the adjoints the sweeps compute, so later calls run only the
         tangent and second-order sweeps. Results are in the dtype they are computed in, not
-        yet checked for overflow."""
+        yet checked for overflow; ``out`` (per direction, as for :meth:`gradient_pieces`)
+        holds the arrays they are written into."""
         if kind not in ("hvp", "gnvp"):
             raise ValueError(f"kind: expected 'hvp' or 'gnvp', got {kind!r}")
         per_sample = not isinstance(directions, list)
+        outs = ([None] * len(directions) if per_sample or out is None
+                else [self._computed_out(o, X) for o in out])
         params, X, (target,) = self._widened(params, X, target)
         directions = (self._wide(directions) if per_sample else  # computed in X's dtype too
                       [{k: self._wide(a) for k, a in d.items()} for d in directions])
@@ -963,16 +1023,18 @@ class Chain:
                 down, cotangent = None, target
                 for k in range(top, lowest - 1, -1):
                     products[k], down, cotangent = self.modules[k].hvp_saved(
-                        saved[k], cotangent, down)
+                        saved[k], cotangent, down, out=self._part_out(k, outs[j]))
                     saved[k] = None if last else saved[k]
             else:
-                products[top], down = self.modules[top].gnvp_saved(saved[top], target)
+                products[top], down = self.modules[top].gnvp_saved(
+                    saved[top], target, out=self._part_out(top, outs[j]))
                 for k in range(top - 1, lowest - 1, -1):
-                    products[k], down = self.modules[k].vjp_saved(saved[k], down)
+                    products[k], down = self.modules[k].vjp_saved(
+                        saved[k], down, out=self._part_out(k, outs[j]))
                     saved[k] = None if last else saved[k]
             results.append(down if per_sample else self._folded(
                 {_key(self.prefixes[k], name): products[k][name]
-                 for k in range(lowest, self.depth) for name in column[k]}))
+                 for k in range(lowest, self.depth) for name in column[k]}, outs[j]))
         return results
 
     def _product(self, kind: str, params: dict[str, Array], X: Array, target: Array,
@@ -1007,12 +1069,15 @@ class Chain:
             offsets = np.cumsum([0, *sizes])
             directions.append({name: column[offsets[i]:offsets[i + 1]].reshape(shape)
                                for i, (name, shape) in enumerate(zip(chosen, shapes))})
-        results = [self._cat([pieces[name].reshape(-1) for name in chosen])
-                   for pieces in self.product_pieces(kind, params, X, target, directions)]
         if matrix:
+            results = [self._cat([pieces[name].reshape(-1) for name in chosen])
+                       for pieces in self.product_pieces(kind, params, X, target, directions)]
             value = torch.stack(results, 1) if self.backend == "torch" else np.stack(results, 1)
-        else:
-            value = results[0]
+            return self._finished(value, X, quantity)
+        value, out = self._flat_out(params, chosen, X)
+        (pieces,) = self.product_pieces(kind, params, X, target, directions, out=[out])
+        for name in chosen:
+            written(out[name], pieces[name])
         return self._finished(value, X, quantity)
 
     @over_batches()

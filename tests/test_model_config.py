@@ -428,7 +428,7 @@ def test_the_model_check_sees_a_tie_left_out(monkeypatch):
     the tied parameter in every place)."""
     from curvgap.models import verify
 
-    monkeypatch.setattr(Chain, "_folded", lambda self, pieces: {
+    monkeypatch.setattr(Chain, "_folded", lambda self, pieces, out=None: {
         k: v for k, v in pieces.items() if k not in self.ties})
     errors = verify.check_model(validate_model(TIED), "torch", TIED_CASES["tie_embeddings"][1])
     assert errors["gradient"] > 1e-3 and errors["hvp"] > 1e-3
