@@ -33,6 +33,7 @@ target and ``dg_k`` as that target's direction (which adds ``J^T dg_k``):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
@@ -123,6 +124,29 @@ def _budget(max_memory: Any) -> int:
         raise ValueError(f"max_memory: expected a finite number of bytes >= 1 (such as 2**31) "
                          f"or None (the default, {DIAGONAL_MEMORY} bytes), got {max_memory!r}")
     return int(max_memory)
+
+
+def _most_that_fit(held: Callable[[int], int], one: int, most: int, budget: int) -> int:
+    """The most units (columns of a chunk, rows of a slice), up to ``most``, whose work
+    ``held(units)`` (bytes; ``one`` at one unit, which fits) stays within ``budget``. It is
+    measured at 1, 2, 4, … units while the line through the last two measures (at first the
+    line through zero and ``one``) says the next fits, then the count is read off the line
+    through the last two, or through the last that fits and the first that does not. The
+    work grows faster than linearly at few units (a cheaper phase of it holds the most
+    there), so the lines to trust are those through measures at many units."""
+    low, low_bytes, units, bytes_held = 0, 0, 1, one
+    slope = float(one)
+    while units < most:
+        slope = (bytes_held - low_bytes) / (units - low)
+        wider = min(most, 2 * units)
+        if bytes_held + (wider - units) * slope > budget:
+            break
+        wider_bytes = held(wider)
+        if wider_bytes > budget:
+            slope = (wider_bytes - bytes_held) / (wider - units)
+            return int(min(wider - 1, units + (budget - bytes_held) // max(slope, 1)))
+        low, low_bytes, units, bytes_held = units, bytes_held, wider, wider_bytes
+    return int(min(most, units + (budget - bytes_held) // max(slope, 1)))
 
 
 def _itemsize(like: Array) -> int:
@@ -875,8 +899,7 @@ class Chain:
                      part: str, budget: int) -> int:
         """The most columns per chunk whose work fits ``budget`` bytes: the most bytes held at
         once (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk
-        of each source, measured on the first sample at one column and, where two fit, at two
-        (what one more column adds)."""
+        of each source, measured on the first sample (:func:`_most_that_fit`)."""
         sizes = [int(np.prod(inputs[j].shape[1:])) for j in range(self.depth)]
 
         def one_sample(width: int) -> None:
@@ -888,15 +911,14 @@ class Chain:
                                    bottom, to_input, part, scratch, None,
                                    DiagonalCost("chunked", 1, self.depth))
 
-        one = peak_bytes(partial(one_sample, 1), self.backend)
+        def held(width: int) -> int:
+            return peak_bytes(partial(one_sample, width), self.backend)
+
+        one = held(1)
         if one > budget:
             raise ValueError(f"max_memory: expected at least {one} bytes (one column's work "
                              f"in the chunked diagonal at these sizes), got {budget}")
-        if 2 * one > budget:  # two columns would not fit: not even measured
-            return 1
-        per_column = max(peak_bytes(partial(one_sample, 2), self.backend) - one, 1)
-        widest = -(-max(sizes[j] for j in sources) // 2)
-        return int(max(1, min(widest, 1 + (budget - one) // per_column)))
+        return _most_that_fit(held, one, -(-max(sizes[j] for j in sources) // 2), budget)
 
     def _own_diagonal(self, layers: list[dict], inputs: list[Array], g: list, target: Array,
                       k: int, names: list[str], part: str, budget: int,
@@ -904,8 +926,8 @@ class Chain:
         """Part ``k``'s own diagonal over ``names`` against its target (the loss's for the top
         part, else the cotangent of its output), averaged over the batch: per name the
         ``vec_r`` of its entries, one sample and as many rows of its first axis at a time as
-        fit in ``budget`` bytes (the work of one row and of two, measured on the first
-        sample)."""
+        fit in ``budget`` bytes (their work measured on the first sample,
+        :func:`_most_that_fit`)."""
         module, batch = self.modules[k], inputs[k].shape[0]
         against = target if k == self.depth - 1 else g[k]
         first = self._sample(k, layers[k], 0, 1)
@@ -922,9 +944,7 @@ class Chain:
                 raise ValueError(f"max_memory: expected at least {one} bytes (the work of one "
                                  f"row of {self.prefixes[k]}.{name} for its own diagonal), "
                                  f"got {budget}")
-            step = 1  # two rows are measured only where they would fit
-            if rows > 1 and 2 * one <= budget:
-                step = int(min(rows, 1 + (budget - one) // max(held(2) - one, 1)))
+            step = _most_that_fit(held, one, rows, budget)
             slices = []
             for start in range(0, rows, step):
                 total = None

@@ -16,6 +16,7 @@ from reference import Reference, randomise, relative
 
 import curvgap
 from curvgap.models import Chain
+from curvgap.models.chain import _most_that_fit
 
 DTYPE = torch.float64
 
@@ -139,6 +140,27 @@ def test_the_peak_counts_what_is_held_at_once(backend):
 
     assert 2 * 8 * 10**6 <= peak_bytes(call, backend) <= 2 * 8 * 10**6 + 10**5
     assert before.sum() == 0
+
+
+@pytest.mark.parametrize("work", [
+    lambda units: 100 + 10 * units,
+    # a cheaper phase holds the most at few units, the steeper one past five: a line through
+    # the measures at one and two units would take 425 units, whose work is 5200
+    lambda units: max(150 + 2 * units, 100 + 12 * units)])
+@pytest.mark.parametrize("budget", [1000, 10**5])
+def test_the_units_chosen_are_the_most_that_fit_and_no_measure_passes_the_budget(work, budget):
+    measured = []
+
+    def held(units: int) -> int:
+        measured.append(units)
+        return work(units)
+
+    most = 5000
+    units = _most_that_fit(held, work(1), most, budget)
+    assert max(work(u) for u in measured) <= budget
+    assert work(units) <= budget
+    assert units == most or work(units + 1) > budget
+    assert len(measured) <= 13  # doubling: a few measures, not a search over every count
 
 
 @pytest.mark.slow
