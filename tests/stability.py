@@ -13,7 +13,8 @@ of the generated-module contract three ways:
 * curvgap, both backends, on the same cast inputs.
 
 Errors are ``max |value - reference| / max |reference|`` over each function's whole result (a
-whole Hessian, a whole Jacobian). The criterion (:func:`bound`) is the standard's: curvgap's
+whole Hessian, a whole Jacobian); the loss, a single number, takes the worst of
+``LOSS_DRAWS`` cases drawn alike, for autograd and for curvgap. The criterion (:func:`bound`) is the standard's: curvgap's
 error at most 10× autograd's in the same dtype, and never above a floor at rounding level:
 ``1e-10`` in float64 (the project's exactness standard), ``10·eps ≈ 1.2e-6`` in float32.
 """
@@ -39,6 +40,11 @@ SCALES = (1e-3, 1.0, 10.0, 100.0, 1e3)
 SHIFTS = (10.0, 1e3, 1e5)
 FLOOR = {torch.float64: 1e-10, torch.float32: 10 * float(torch.finfo(torch.float32).eps)}
 DTYPES = (torch.float64, torch.float32)
+#: the loss is one number, so its error is one draw of the rounding: a draw where autograd's
+#: rounding happens to cancel (rows of mean 1e3 in float32: 1.2e-6 where its other draws make
+#: 4e-6 … 6.5e-5) would make one rounding more of curvgap's fail. Its row is the worst over
+#: this many cases, drawn alike (seeds 0, 1, …), for autograd and for curvgap.
+LOSS_DRAWS = 4
 
 
 def bound(dtype: torch.dtype, autograd_error: float) -> float:
@@ -331,7 +337,32 @@ def measure(name: str, config: Config, scaled: str, scale: float,
         for key, ref in reference.items():
             rows.append(Row(key, dtype, error(autograd[key], ref, scale_of[key]),
                             {b: error(ours[b][key], ref, scale_of[key]) for b in backends}))
+        loss = next(row for row in rows if row.function == "loss" and row.dtype == dtype)
+        for seed in range(1, LOSS_DRAWS):
+            drawn = make_case(config, modules[backends[0]], scaled, scale, seed, dims, batch)
+            _worst_of(loss, _loss_errors(drawn, dtype, modules))
     return rows
+
+
+def _loss_errors(case: Case, dtype: torch.dtype,
+                 modules: dict[str, ModuleType]) -> tuple[float, dict[str, float]]:
+    """Autograd's error and each backend's in the loss of ``case`` in ``dtype``."""
+    reference = Autograd(_rounded(case, dtype), torch.float64).loss()
+    autograd = error(Autograd(case, dtype).loss(), reference, reference)
+    ours = {}
+    for backend, module in modules.items():
+        conv = (lambda t: t.numpy()) if backend == "numpy" else (lambda t: t)
+        value = module.loss({k: conv(v) for k, v in _cast(case.params, dtype).items()},
+                            conv(_cast(case.X, dtype)), conv(_cast(case.target, dtype)))
+        ours[backend] = error(value, reference, reference)
+    return autograd, ours
+
+
+def _worst_of(row: Row, errors: tuple[float, dict[str, float]]) -> None:
+    """``row`` with each of its errors raised to the one in ``errors`` where that is larger."""
+    autograd, ours = errors
+    row.autograd = max(row.autograd, autograd)
+    row.curvgap = {b: max(e, ours[b]) for b, e in row.curvgap.items()}
 
 
 def _rounded(case: Case, dtype: torch.dtype) -> Case:
