@@ -10,6 +10,7 @@ leave free).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -393,7 +394,7 @@ def _transformed(value: torch.Tensor, transform: str, X: torch.Tensor) -> torch.
         finite = (value.to(X.dtype) > float("-inf")).any(-1, keepdim=True)
         if transform == "rows_finite":
             return finite.to(X.dtype)
-        return torch.where(finite, value.to(X.dtype), torch.zeros((), dtype=X.dtype))
+        return torch.where(finite, value.to(X.dtype), X.new_zeros(()))
     if transform == "additive_where":  # True where the scores are set to -inf
         return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
             value.bool(), float("-inf"))
@@ -406,7 +407,7 @@ def _table(constant: Constant, dims: dict[str, int], X: torch.Tensor) -> torch.T
     kind, args = (details[0], details[1:]) if constant.kind == "select" else (constant.kind,
                                                                                 details[1:])
     shape = [[dims[name] for name in dim] for dim in extents]
-    sizes = [int(torch.tensor(d).prod()) if d else 1 for d in shape]
+    sizes = [math.prod(d) for d in shape]
     flat = sizes  # as the generated code takes it: one axis per dimension
     options = dict(dtype=X.dtype, device=X.device)
     if kind == "slice":
