@@ -43,6 +43,13 @@ def _routes(c, case, v: torch.Tensor) -> dict:
     return routes
 
 
+def _assert_same(got: dict, expected: dict) -> None:
+    """Each result of ``got`` on the device of, and bitwise equal to, ``expected``'s."""
+    for name, value in got.items():
+        assert value.device == expected[name].device, name
+        assert torch.equal(value, expected[name]), name
+
+
 def _case_and_direction(name: str):
     case = FAMILIES[name]()
     params = list(case.module.parameters())
@@ -61,9 +68,7 @@ def test_every_route_follows_its_inputs_device(name):
     with torch.device("meta"):  # a fresh object: reading the module happens here too
         routes = _routes(curvgap.curvature(case.module, case.loss), case, v)
         got = {route: f() for route, f in routes.items()}
-    for route, value in got.items():
-        assert value.device == expected[route].device, route
-        assert torch.equal(value, expected[route]), route
+    _assert_same(got, expected)
 
 
 @pytest.mark.slow
@@ -102,6 +107,4 @@ def test_a_generated_module_follows_its_inputs_device():
     expected = {name: f() for name, f in calls.items()}
     with torch.device("meta"):
         got = {name: f() for name, f in calls.items()}
-    for name, value in got.items():
-        assert value.device == expected[name].device, name
-        assert torch.equal(value, expected[name]), name
+    _assert_same(got, expected)
