@@ -20,6 +20,7 @@ under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import sys
@@ -117,6 +118,7 @@ class Curvature:
         if X is None and "inputs_embeds" in inputs:
             keyword, inputs = "inputs_embeds", dict(inputs)
             X = inputs.pop("inputs_embeds")
+        inputs = _without_cache(self.module, inputs)
         if not isinstance(X, torch.Tensor):
             raise TypeError(f"X: expected a torch.Tensor (the module's first input; or None "
                             f"with inputs_embeds=...) or a dataset's batches of (X, T), got "
@@ -152,7 +154,10 @@ class Curvature:
                 raise ValueError(f"X: expected token ids in [0, {vocabulary}), got ids from "
                                  f"{int(X.min())} to {int(X.max())}")
             dtype = next(iter(params.values())).dtype
-            X = torch.nn.functional.one_hot(X, vocabulary).to(dtype)
+            ids, X = X, torch.nn.functional.one_hot(X, vocabulary).to(dtype)
+            padding = read.trace.readings[0].padding
+            if padding is not None:  # the padding id's rows: the table's row is a constant
+                X = X * (ids != padding).unsqueeze(-1).to(dtype)
         if self.batch_dim:
             X = X.movedim(self.batch_dim, 0)
         batch = read.trace.readings[-1].batch_dim
@@ -537,6 +542,19 @@ class Curvature:
             slices[name] = slice(offset, offset + size)
             offset += size
         return slices
+
+
+def _without_cache(module: torch.nn.Module, inputs: dict) -> dict:
+    """``inputs`` with ``use_cache=False`` where the module's forward takes ``use_cache`` and
+    the call does not give it: a Hugging Face decoder called as it is returns a key-value
+    cache besides its output, which the loss does not read and no trace can return."""
+    if "use_cache" in inputs:
+        return inputs
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    return {**inputs, "use_cache": False} if "use_cache" in parameters else inputs
 
 
 def _identifier(name: str) -> str:

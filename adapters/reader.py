@@ -17,6 +17,7 @@ early, and the second pass reads every tensor with its final factors.
 
 from __future__ import annotations
 
+import fractions
 import math
 import operator
 import re
@@ -62,7 +63,8 @@ class Value:
     tensor: str | None = None
     axes: list[Axis] = field(default_factory=list)
     expr: sp.Expr = x
-    constant: str | None = None  # the name of the graph node that computes it
+    #: the name of the graph node that computes it (the names of those it is made from)
+    constant: str | tuple[str, ...] | None = None
     transform: str = "same"  # how a constant's value is made a float tensor
     #: the node, operation and submodule that made ``expr``
     origin: tuple[str, str, str] = ("", "", "")
@@ -71,19 +73,24 @@ class Value:
 @dataclass
 class Constant:
     """A program constant and how to make it at call time: the value of the graph node
-    ``node`` (``kind = "node"``), or a table of the program's own (``select``: a slice or an
+    ``node``, or one made from the values of the nodes ``node`` names (``kind = "node"``),
+    or a table of the program's own (``select``: a slice or an
     index as a 0/1 matrix, ``place``: where a concatenation puts a piece, ``causal``: 0 / -inf
     above the diagonal; ``details`` say which, with the sizes of its dimensions); the
     ``transform`` that makes a node's value a float tensor (``same``; ``float``: a mask as 0/1;
+    ``not``: 1 where a mask is false; ``fill:c``: ``c`` where a mask is true, 0 elsewhere;
     ``additive_keep``: a boolean attention mask as 0 / -inf, a row that keeps nothing as 0;
     ``rows_kept``: 1 for the rows of such a mask that keep something; ``additive_safe`` and
-    ``rows_finite``: the same for an additive mask; ``additive_where``: -inf where a mask is
-    true; ``one_hot:N``: indices as one-hot rows over ``N``); and the dimension of the node's
-    value that holds the batch (``None``: shared by every sample)."""
+    ``rows_finite``: the same for an additive mask; ``one_hot:N`` (``one_hot:N:p``):
+    indices as one-hot rows over ``N`` (a row of zeros for the index ``p``); of the nodes
+    ``(mask, value)``: ``then``, the value where the mask is true, 0 elsewhere, and ``else``
+    the other way; of ``(indices, table)``: ``padding:p``, the table's row ``p`` where an
+    index is ``p``, 0 elsewhere); and the dimension of the value that holds the batch
+    (``None``: shared by every sample)."""
 
     name: str
     kind: str
-    node: str = ""
+    node: str | tuple[str, ...] = ""
     transform: str = "same"
     batch_dim: int | None = None
     details: tuple = ()
@@ -103,6 +110,9 @@ class Reading:
     batch_dim: int = 0
     #: token ids as ``X``: the program's ``X`` is their one-hot rows over this vocabulary
     vocabulary: int | None = None
+    #: the embedding's padding index among those ids: its one-hot rows are zeros (torch's
+    #: backward leaves the table's row alone), the row itself a constant of the program
+    padding: int | None = None
 
 
 def _identifier(name: str) -> str:
@@ -112,13 +122,27 @@ def _identifier(name: str) -> str:
 
 
 def _number(value: float | int | bool) -> sp.Expr:
-    """A Python number as an exact SymPy number (short fraction when one rounds to it)."""
+    """A Python number from a trace as SymPy holds it: an integer as itself; a float as the
+    simple number it visibly is when that number rounds to it (a short fraction ``1/2``,
+    ``1/3``, the square root of one: ``1/sqrt(3)`` to the last bit of its float), else the
+    float it is (``0.044715``, ``1e-12``, ``finfo.min``). Never an exact rational of a
+    float's binary value (a 300-digit integer for ``finfo.max``)."""
     if isinstance(value, bool | int):
         return sp.Integer(int(value))
     if not math.isfinite(value):
         raise ValueError("not finite")
-    short = sp.nsimplify(value, rational=True)
-    return short if float(short) == value else sp.Rational(value)
+    if value == int(value) and abs(value) < 2 ** 53:
+        return sp.Integer(int(value))
+    short = fractions.Fraction(value).limit_denominator(1000)
+    if float(short) == value and abs(short.numerator) < 10 ** 6:
+        return sp.Rational(short.numerator, short.denominator)
+    if 1e-6 < abs(value) < 1e6:
+        square = fractions.Fraction(value * value).limit_denominator(1000)
+        root = sp.sqrt(sp.Rational(square.numerator, square.denominator))
+        root = root if value > 0 else -root
+        if abs(float(root) - value) <= math.ulp(value):  # 1/sqrt(3) is rounded twice
+            return root
+    return sp.Float(value, precision=53)  # printed as a float's shortest repr
 
 
 def _path(node: torch.fx.Node) -> str:
@@ -130,17 +154,61 @@ def _path(node: torch.fx.Node) -> str:
     return "" if path.startswith("_empty") else path
 
 
+def _stops(node: torch.fx.Node) -> bool:
+    """Whether autograd passes no derivative through ``node``: a ``detach`` (a
+    straight-through estimator's ``x + (f(x) - x).detach()``), a ``torch.no_grad()``
+    region."""
+    return node.target in _CONSTANT_OUTPUT or (
+        node.target is torch.ops.higher_order.wrap_with_set_grad_enabled
+        and node.args[0] is False)
+
+
+def refusal(node: torch.fx.Node | None, missing: str, root: str = "") -> UnsupportedOperation:
+    """The error for ``node``: its operation, its submodule (else ``root``), what is
+    missing."""
+    where = (_path(node) if node is not None else "") or root
+    if node is None:
+        return UnsupportedOperation(f"{where or 'the module'}: curvgap needs {missing}")
+    target = node.target
+    name = (getattr(target, "__name__", None) or str(target)).removesuffix(".default")
+    name = re.sub(r"^aten\.", "", str(getattr(target, "_overloadpacket", name)))
+    return UnsupportedOperation(f"{where or 'the module'}: operation {name} "
+                                f"(node {node.name}): curvgap needs {missing}")
+
+
+def side_effects(graph: torch.fx.Graph) -> None:
+    """Refuse an operation that changes a tensor in place and whose result nothing reads
+    (``nn.Embedding(max_norm=...)`` rescales rows of its table at every call): the module's
+    weights would then differ from call to call."""
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable \
+                and not node.users:
+            what = ("an embedding without max_norm (it rescales rows of its table in place at "
+                    "every call)" if node.target is aten.embedding_renorm_.default else
+                    "no operation that changes a tensor in place for its side effect")
+            raise refusal(node, what)
+
+
+#: operations whose result autograd does not differentiate: ``detach`` stops derivatives
+#: (``x + (f(x) - x).detach()``), the others read only their input's shape
+_CONSTANT_OUTPUT = {aten.detach.default, aten.zeros_like.default, aten.ones_like.default,
+                    aten.full_like.default, aten.empty_like.default, aten.new_zeros.default,
+                    aten.new_ones.default, aten.new_full.default, aten.new_empty.default}
+
+
 def differentiable(graph: torch.fx.Graph, sources: set[str]) -> set[str]:
     """The nodes of ``graph`` that depend on the placeholders ``sources`` (``X``, the
-    parameters) and hold floating-point values: what carries a derivative."""
+    parameters) through operations autograd differentiates and hold floating-point values:
+    what carries a derivative. Every other node is a constant, made at call time."""
     out: set[str] = set()
     for node in graph.nodes:
         if node.op == "placeholder":
             if node.name in sources:
                 out.add(node.name)
-        elif node.op == "call_function" and any(arg.name in out for arg in node.all_input_nodes
-                                                ) and (_floating(node.meta.get("val"))
-                                                       or node.target in _VIEWS):
+        elif node.op == "call_function" and not _stops(node) and any(
+                arg.name in out for arg in node.all_input_nodes) and (
+                _floating(node.meta.get("val")) or node.target in _VIEWS):
             out.add(node.name)  # a view of integer token ids too: an embedding reads it
     return out
 
@@ -255,6 +323,7 @@ class Reader:
         self.guards: list[tuple[str, str, str]] = []
         self.node: torch.fx.Node | None = None
         self.vocabulary: int | None = None
+        self.padding: int | None = None
         self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of})
         output = None
         for node in self.graph.nodes:
@@ -342,15 +411,7 @@ class Reader:
     # -- errors --------------------------------------------------------------------------------
     def refuse(self, missing: str) -> UnsupportedOperation:
         """The error for the current node: its operation, its submodule, what is missing."""
-        node = self.node
-        where = (_path(node) if node is not None else "") or self.root
-        if node is None:
-            return UnsupportedOperation(f"{where or 'the module'}: curvgap needs {missing}")
-        target = node.target
-        name = (getattr(target, "__name__", None) or str(target)).removesuffix(".default")
-        name = re.sub(r"^aten\.", "", str(getattr(target, "_overloadpacket", name)))
-        return UnsupportedOperation(f"{where or 'the module'}: operation {name} "
-                                    f"(node {node.name}): curvgap needs {missing}")
+        return refusal(self.node, missing, self.root)
 
     # -- placeholders, constants, output ---------------------------------------------------------
     def _placeholder(self, node: torch.fx.Node) -> object:
@@ -410,7 +471,8 @@ class Reader:
             batch = [k for k, dim in enumerate(leaves) if any(self.is_batch(a) for a in dim)]
             if len(batch) > 1 or (batch and len(leaves[batch[0]]) > 1):
                 raise self.refuse("a constant whose batch is a dimension of its own")
-            name = self.name(f"c_{value.constant}")
+            made_of = value.constant if isinstance(value.constant, tuple) else (value.constant,)
+            name = self.name("c_" + "_".join(made_of))
             declared = Value(value.dims, name, [a for dim in value.dims for a in dim])
             self.inputs[name] = ("constant", declared)
             self._tensor_axes[name] = declared.axes
@@ -638,11 +700,6 @@ class Reader:
     def _read_same(self, node, source, *args, **kwargs) -> Value:
         return self.value(source)
 
-    @reads(aten.detach.default)
-    def _read_detach(self, node, source, *args) -> Value:
-        raise self.refuse("no detach on a path from X or the parameters (it stops the "
-                          "derivatives there, which curvgap does not assume)")
-
     @reads(aten.dropout.default, aten.native_dropout.default)
     def _read_dropout(self, node, source, p, train) -> Value:
         if train and p > 0:
@@ -773,35 +830,63 @@ class Reader:
         return self._concatenated(node, [self._with_dims(v, v.dims[:at] + [[]] + v.dims[at:])
                                          for v in values], at)
 
+    @staticmethod
+    def _zeros(node: torch.fx.Node) -> bool:
+        """Whether ``node`` makes a tensor of zeros (``torch.zeros``, ``new_zeros``, a fill
+        with 0)."""
+        if node.target in (aten.zeros.default, aten.new_zeros.default,
+                           aten.zeros_like.default):
+            return True
+        fills = {aten.full.default: 1, aten.new_full.default: 2, aten.full_like.default: 1}
+        at = fills.get(node.target)
+        return at is not None and len(node.args) > at and node.args[at] == 0
+
     @reads(aten.cat.default)
     def _read_cat(self, node, sources, dim=0) -> Value:
-        values = [self.value(s) for s in sources if self.values.get(s.name) is not EMPTY
-                  and self.shape_of(s) != [0]]  # torch.cat skips a 1-d empty tensor too
+        kept = [s for s in sources if self.values.get(s.name) is not EMPTY
+                and self.shape_of(s) != [0]]  # torch.cat skips a 1-d empty tensor too
+        values = [self.value(s) for s in kept]
         if len(values) == 1:
             return values[0]
-        return self._concatenated(node, values, dim % len(values[0].dims))
+        zeros = {k for k, s in enumerate(kept) if self._zeros(s) and s.name not in
+                 self.differentiable}
+        return self._concatenated(node, values, dim % len(values[0].dims), zeros)
 
-    def _concatenated(self, node, values: list[Value], dim: int) -> Value:
+    def _concatenated(self, node, values: list[Value], dim: int,
+                      zeros: set[int] = frozenset()) -> Value:
         """``values`` placed one after another along ``dim`` (each by a constant placement
-        table), every other dimension aligned as by broadcasting."""
+        table, counted from the end where a size bound at call time comes before it), every
+        other dimension aligned as by broadcasting; the pieces ``zeros`` (constant zeros)
+        only take their place."""
         out_extent = self.shape_of(node)[dim]
         out_size = self.size((node.name, "cat"), out_extent).leaves()
-        others = [self._with_dims(v, v.dims[:dim] + v.dims[dim + 1:]) for v in values]
+        others = [self._with_dims(v, v.dims[:dim] + v.dims[dim + 1:])
+                  for k, v in enumerate(values) if k not in zeros]
         sizes, (labels, *per_value) = self.broadcast(others)
+        per_value = iter(per_value)
         out_label = [self.label() for _ in out_size]
         out_sizes = sizes[:dim] + [out_size] + sizes[dim:]
         out_labels = labels[:dim] + [out_label] + labels[dim:]
-        terms, offset = [], 0
-        for value, own in zip(values, per_value):
+        extents = [sp.Mul(*[a.extent for a in self.leaf_dims(v)[dim]]) for v in values]
+        terms = []
+        for k, value in enumerate(values):
+            if k in zeros:
+                continue
+            own = next(per_value)
             part = self.leaf_dims(value)[dim]
-            extent = int(sp.Mul(*[a.extent for a in part])) if part else 1
+            before, after = sum(extents[:k]), sum(extents[k + 1:])
+            if sp.sympify(before).is_Integer:
+                place = ("place", int(before))
+            elif sp.sympify(after).is_Integer:  # placed from the end
+                place = ("place_end", int(after))
+            else:
+                raise self.refuse("a concatenation whose pieces have fixed sizes but one")
             inner = [self.label() for _ in part]
-            table = self.table("place", [[Axis(s) for s in out_size],
-                                         [Axis(a.size.root()) for a in part]], ("place", offset))
+            table = self.table(place[0], [[Axis(s) for s in out_size],
+                                          [Axis(a.size.root()) for a in part]], place)
             coeff, base = self.scaled(value)
             terms.append((coeff, [self.operand(base, own[:dim] + [inner] + own[dim:]),
                                   self.operand(table, [out_label, inner])]))
-            offset += extent
         return self.emit(out_sizes, out_labels, terms)
 
     @reads(aten.index.Tensor)
@@ -839,23 +924,41 @@ class Reader:
             self.operand(hot, labels[dim:dim + len(picked)] + [inner])])])
 
     @reads(aten.embedding.default)
-    def _read_embedding(self, node, weight, indices, *args) -> Value:
+    def _read_embedding(self, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False,
+                        sparse=False) -> Value:
+        """The table's rows picked by the indices: the product with their one-hot rows. The
+        row ``padding_idx`` is read as torch's backward has it, as a constant (no derivative
+        flows into it): a zero one-hot row, the table's row added at call time."""
+        if scale_grad_by_freq:
+            raise self.refuse("an embedding without scale_grad_by_freq (its backward divides "
+                              "each row's gradient by how often its index occurs in the batch, "
+                              "which is no derivative of the forward)")
         table = self.value(weight)
         ids = self.value(indices)
-        if ids.constant == TOKENS:
-            return self._embedded_tokens(table, ids)
-        if ids.constant is None:
-            raise self.refuse("embedding indices that do not depend on X or the parameters")
         rows = self.leaf_dims(table)[0]
         if len(rows) != 1:
             raise self.refuse("an embedding table with one row axis")
-        hot = Value(ids.dims + [[Axis(rows[0].size.root())]], constant=ids.constant,
-                    transform=f"one_hot:{rows[0].extent}")
-        return self._by_rows(table, 0, hot)
+        padding = f":{padding_idx}" if padding_idx >= 0 else ""
+        if ids.constant == TOKENS:
+            picked = self._embedded_tokens(table, ids, padding_idx)
+        elif ids.constant is None:
+            raise self.refuse("embedding indices that do not depend on X or the parameters")
+        else:
+            hot = Value(ids.dims + [[Axis(rows[0].size.root())]], constant=ids.constant,
+                        transform=f"one_hot:{rows[0].extent}{padding}")
+            picked = self._by_rows(table, 0, hot)
+        if not padding:
+            return picked
+        if table.tensor is None or not isinstance(weight, torch.fx.Node):
+            raise self.refuse("an embedding table that is a tensor of the module")
+        width = self.leaf_dims(table)[1]
+        constant = Value(ids.dims + [[Axis(a.size.root()) for a in width]],
+                         constant=(indices.name, weight.name), transform=f"padding{padding}")
+        return self.combine([picked, constant], [(1, [0]), (1, [1])])
 
-    def _embedded_tokens(self, table: Value, ids: Value) -> Value:
+    def _embedded_tokens(self, table: Value, ids: Value, padding_idx: int = -1) -> Value:
         """``X W`` with ``X`` the one-hot rows of the token ids (one per id, over the
-        vocabulary: the table's rows)."""
+        vocabulary: the table's rows; the row of ``padding_idx``'s id all zeros)."""
         rows = self.leaf_dims(table)[0]
         if len(rows) != 1 or "X" in self.inputs:
             raise self.refuse("token ids read by one embedding table of one row axis")
@@ -866,6 +969,7 @@ class Reader:
         self.inputs["X"] = ("input", X)
         self._tensor_axes["X"] = X.axes
         self.vocabulary = int(vocabulary.extent)
+        self.padding = padding_idx if padding_idx >= 0 else None
         return self._by_rows(table, 0, X)
 
     # -- elementwise ---------------------------------------------------------------------------
@@ -1021,38 +1125,64 @@ class Reader:
         beta = _number(beta)
         return self._unary(source, lambda e: softplus(beta * e) / beta)
 
-    @reads(aten.where.self)
+    @reads(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
     def _read_where(self, node, condition, a, b) -> Value:
+        """``where(m, a, b)`` as ``a·m + b·(1 - m)``, each product with its own 0/1 mask (exact:
+        ``a + b - b`` would lose ``a`` beside ``b = finfo.min``); a branch that is a constant
+        (a fill value, a tensor of them) is made at call time with the mask, as torch does,
+        so that no derivative flows where the forward took it."""
         mask = self.value(condition)
         if mask.constant is None:
             raise self.refuse("a condition that does not depend on X or the parameters")
-        ones = Value(mask.dims, constant=mask.constant, transform="float")
-        values = [self._operand_value(a), self._operand_value(b), ones]
-        # a m + b (1 - m)
-        return self.combine(values, [(1, [0, 2]), (1, [1]), (-1, [1, 2])])
+        branches, made = [], []
+        for arg, taken in ((a, "float"), (b, "not")):
+            if not isinstance(arg, torch.fx.Node):
+                made.append(self._filled(mask, arg, "fill" if taken == "float" else "fill_not"))
+                continue
+            value = self.value(arg)
+            if value.tensor is None and value.expr == x and value.transform == "same":
+                made.append(self.made([mask, value], "then" if taken == "float" else "else"))
+            else:
+                branches.append((value, Value(mask.dims, constant=mask.constant,
+                                              transform=taken)))
+        values = [v for pair in branches for v in pair] + made
+        terms = [(1, [2 * k, 2 * k + 1]) for k in range(len(branches))]
+        terms += [(1, [2 * len(branches) + k]) for k in range(len(made))]
+        return self.combine(values, terms)
 
-    def _operand_value(self, arg) -> Value:
-        if isinstance(arg, torch.fx.Node):
-            return self.value(arg)
-        raise self.refuse(f"tensor operands, got the number {arg!r}")
+    def _filled(self, mask: Value, fill: object, transform: str) -> Value:
+        """The number ``fill`` where ``mask`` is true (``fill_not``: false), 0 elsewhere."""
+        if not isinstance(fill, int | float) or math.isnan(fill):
+            raise self.refuse(f"a number to fill with, got {fill!r}")
+        return Value(mask.dims, constant=mask.constant, transform=f"{transform}:{float(fill)!r}")
 
-    @reads(aten.masked_fill.Scalar)
+    def made(self, values: list[Value], transform: str) -> Value:
+        """A constant made at call time from the values of the constants ``values`` (each the
+        value of its node) by ``transform``; its dimensions are theirs, broadcast."""
+        sizes, _ = self.broadcast(values)
+        return Value([[Axis(size) for size in dim] for dim in sizes],
+                     constant=tuple(v.constant for v in values), transform=transform)
+
+    @reads(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
     def _read_masked_fill(self, node, source, mask, fill) -> Value:
+        """``x·(1 - m) + c·m`` with ``c·m`` made at call time: the filled entries have no
+        derivative, as in torch. An infinite fill is added (``x - inf`` is ``-inf`` where
+        ``x·0 - inf`` would be too, but a second mask's ``-inf·0`` would not)."""
         value, where = self.value(source), self.value(mask)
         if where.constant is None:
             raise self.refuse("a mask that does not depend on X or the parameters")
-        if isinstance(fill, float) and math.isinf(fill):
-            bias = Value(where.dims, constant=where.constant,
-                         transform="additive_where" if fill < 0 else "bad")
-            if fill > 0:
-                raise self.refuse("a fill value other than +inf")
-            coeff, base = self.scaled(value)
-            return self.combine([base, bias], [(coeff, [0]), (1, [1])])
-        ones = Value(where.dims, constant=where.constant, transform="float")
+        if isinstance(fill, torch.fx.Node):
+            filler = self.value(fill)
+            if filler.tensor is not None or filler.expr != x or filler.transform != "same":
+                raise self.refuse("a fill value that does not depend on X or the parameters")
+            filled = self.made([where, filler], "then")
+        else:
+            filled = self._filled(where, fill, "fill")
         coeff, base = self.scaled(value)
-        # x (1 - m) + fill m
-        return self.combine([base, ones], [(coeff, [0]), (-coeff, [0, 1]),
-                                           (_number(fill), [1])])
+        if isinstance(fill, float) and math.isinf(fill):
+            return self.combine([base, filled], [(coeff, [0]), (1, [1])])
+        kept = Value(where.dims, constant=where.constant, transform="not")
+        return self.combine([base, kept, filled], [(coeff, [0, 1]), (1, [2])])
 
     # -- reductions ------------------------------------------------------------------------------
     def _reduce(self, node, source, dims, keepdim: bool, mean: bool) -> Value:
@@ -1337,11 +1467,14 @@ class Reader:
         scores = self.emit(score_sizes, batch_labels + [i, j], [(scale * cq * ck, [
             self.operand(vq, lq + [i, e]), self.operand(vk, lk + [j, e])])],
             f"{node.name}_scores")
-        if attn_mask is not None:
+        kept = None
+        if attn_mask is not None and self.value(attn_mask).constant is None:
+            # a mask computed from the parameters (a relative-position bias): a term of the
+            # scores like any other
+            cm, vm = self.scaled(self.value(attn_mask))
+            scores = self.combine([scores, vm], [(1, [0]), (cm, [1])], f"{node.name}_biased")
+        elif attn_mask is not None:
             mask = self.value(attn_mask)
-            if mask.constant is None:
-                raise self.refuse("an attention mask that does not depend on X or the "
-                                  "parameters")
             # a row with every key masked attends to nothing (torch's safe softmax): its
             # mask is zero and its output multiplied by 0
             boolean = attn_mask.meta["val"].dtype == torch.bool
@@ -1356,7 +1489,7 @@ class Reader:
                                            [Axis(a.size.root()) for a in leaves[-1]]], ())
             scores = self.combine([scores, causal], [(1, [0]), (1, [1])], f"{node.name}_causal")
         weights = self.softmax(scores, -1, f"{node.name}_weights")
-        factors = [weights, V] + ([kept] if attn_mask is not None else [])
+        factors = [weights, V] + ([kept] if kept is not None else [])
         sizes, (labels, *batch_labels) = self.broadcast(
             [self._with_dims(t, t.dims[:-2]) for t in factors])
         rows = self.out_labels([[a.size.root() for a in query]])[0]
@@ -1365,7 +1498,7 @@ class Reader:
         out_sizes = sizes + [[a.size.root() for a in query], [a.size.root() for a in value_width]]
         operands = [self.operand(weights, batch_labels[0] + [rows, keys]),
                     self.operand(vv, batch_labels[1] + [keys, f])]
-        if attn_mask is not None:
+        if kept is not None:
             query_dim = rows if self.leaf_dims(kept)[-2] else []  # a mask broadcast over rows
             operands.append(self.operand(kept, batch_labels[2] + [query_dim, []]))
         return self.emit(out_sizes, labels + [rows, f], [(cv, operands)], node.name)
@@ -1445,7 +1578,10 @@ class Reader:
                     shape(leaves[:at] + leaves[at + 1:]), True)
         bound = {name for dim in X.shape for name in dim
                  if not isinstance(self._extent_named(name, names), int)}
-        sizes = tuple((name, None if name in bound else self._extent_named(name, names))
+        # a size bound at call time but not by X's shape (``L + 1`` after a concatenation) is
+        # bound by the shape of a constant that has it
+        sizes = tuple((name, None if name in bound or not isinstance(
+            self._extent_named(name, names), int) else self._extent_named(name, names))
                       for name in sorted(set(names.values())))
         guards = tuple((tensor[t], tensor[s_], message) for t, s_, message in self.guards)
         program = Program(name="", title=self.title, sizes=sizes, X=X, params=params,
@@ -1465,7 +1601,7 @@ class Reader:
                    if not isinstance(size.extent, int)}
         return Reading(program, recipes, {tensor[n]: source for n, source in
                                           self.params.items() if n in read}, symbols, at,
-                       self.vocabulary)
+                       self.vocabulary, self.padding)
 
     @staticmethod
     def _extent_named(name: str, names: dict[Size, str]) -> int | sp.Expr:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import sys
 import time
+import traceback
 import unittest.mock
 import warnings
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from ..derivations.program import Program
 from .parts import cut
-from .reader import Constant, Reader, Reading, UnsupportedOperation, differentiable
+from .reader import Constant, Reader, Reading, UnsupportedOperation, differentiable, side_effects
 
 _DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
 
@@ -186,7 +188,8 @@ def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
         return torch.export.export(module, args, kw, strict=False,
                                    dynamic_shapes=dynamic_shapes)
 
-    with warnings.catch_warnings(), torch.no_grad(), _no_kernel_hints():
+    # with gradients on: a torch.no_grad() region of the forward shows in the graph
+    with warnings.catch_warnings(), torch.enable_grad(), _no_kernel_hints():
         warnings.simplefilter("ignore")
         try:
             exported = attempt(_dynamic(call, X, kwargs))
@@ -199,10 +202,47 @@ def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
                 return attempt(None)
             except Exception as error:
                 _runs(module, call, X, kwargs)
+                data_dependent = _data_dependent(module, error)
+                if data_dependent:
+                    raise UnsupportedOperation(data_dependent) from None
                 raise UnsupportedOperation(
                     f"{type(module).__name__}: torch.export could not trace its forward with "
                     f"these inputs ({type(error).__name__}: {str(error).splitlines()[0]}); "
                     "curvgap reads a module's computation from its trace") from None
+
+
+def _data_dependent(module: torch.nn.Module, error: Exception) -> str | None:
+    """Where ``error`` is torch.export's refusal of a shape or branch that depends on tensor
+    values (an expert loop over the experts a router chose), what to say: the operation it
+    stopped at, what made the size, the line of the module's code, and the submodule whose
+    forward runs it (its path); None for any other error."""
+    if type(error).__name__ != "GuardOnDataDependentSymNode" and "data-dependent" not in str(
+            error).split("\n", 1)[0]:
+        return None
+    graph = getattr(error, "partial_fx_graph", "") or ""
+    operations = re.findall(r"= torch\.ops\.aten\.(\w+)\.", graph)
+    symbols = set(re.findall(r"\bu\d+\b", str(getattr(error, "cond", ""))))
+    made = next((m.group(2) for m in re.finditer(  # the operation that made the size
+        r'^\s*\w+: "[^"]*?\b(u\d+)\b[^"]*" = torch\.ops\.aten\.(\w+)\.', graph, re.M)
+        if not symbols or m.group(1) in symbols), None)
+    code = re.search(r'The following call raised this error:\n\s*File "([^"]+)", line (\d+), '
+                     r'in \w+\n\s*(.+)', str(error))
+    paths = {id(m): path for path, m in module.named_modules()}
+    path = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "forward" and id(owner) in paths:
+            path = paths[id(owner)]  # the innermost submodule whose forward runs it
+    where = (f"{path} ({type(module.get_submodule(path)).__name__})" if path
+             else type(module).__name__)
+    operation = f"operation {operations[-1]}" if operations else "an operation"
+    source = f" of {made}'s result, whose size depends on the values" if made else ""
+    line = (f" (`{code.group(3).strip()}` at {os.path.basename(code.group(1))}:"
+            f"{code.group(2)})" if code else "")
+    return (f"{where}: {operation}{source}{line}: curvgap needs a computation whose shapes "
+            "and branches do not depend on tensor values (a data-dependent loop or branch, "
+            "as over the experts a router chose, cannot be traced by torch.export; write it "
+            "over every expert, e.g. with gather / index_select by the chosen indices)")
 
 
 def _runs(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict) -> None:
@@ -227,6 +267,7 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
     exported = export(module, call, X, kwargs)
     signature = exported.graph_signature
     graph = exported.graph
+    side_effects(graph)
     kinds = torch.export.graph_signature.OutputKind
     mutated = [str(s.target) for s in signature.output_specs if s.kind != kinds.USER_OUTPUT]
     if mutated:
@@ -238,7 +279,11 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
             if spec.kind == kinds.USER_OUTPUT]
     main = next((a for a in user if isinstance(a, torch.fx.Node)
                  and isinstance(a.meta.get("val"), torch.Tensor)), None)
-    params = dict(signature.inputs_to_parameters)
+    # a parameter that requires no gradient is a constant, as autograd has it
+    frozen = {name for name, p in module.named_parameters(remove_duplicate=False)
+              if not p.requires_grad}
+    params = {node: name for node, name in signature.inputs_to_parameters.items()
+              if name not in frozen}
     X_name = (signature.user_inputs[0] if call.keyword is None else
               next(n for n in signature.user_inputs if n == call.keyword))
     live = differentiable(graph, {X_name, *params})
@@ -283,7 +328,8 @@ def _constant_graph(exported: torch.export.ExportedProgram,
                     constants: list[Constant]) -> torch.fx.GraphModule | None:
     """The part of the exported graph that makes the constants the program reads, as a graph
     module taking every placeholder and returning them in order."""
-    wanted = list(dict.fromkeys(c.node for c in constants if c.kind == "node"))
+    wanted = list(dict.fromkeys(name for c in constants if c.kind == "node"
+                                for name in _nodes(c)))
     if not wanted:
         return None
     graph = exported.graph
@@ -302,6 +348,11 @@ def _constant_graph(exported: torch.export.ExportedProgram,
             env[node] = out.node_copy(node, lambda n: env[n])
     out.output(tuple(env[nodes[name]] for name in wanted))
     return torch.fx.GraphModule(exported.graph_module, out)
+
+
+def _nodes(constant: Constant) -> tuple[str, ...]:
+    """The graph nodes a constant is made from."""
+    return constant.node if isinstance(constant.node, tuple) else (constant.node,)
 
 
 def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module,
@@ -357,8 +408,9 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
             X, kwargs)
         with torch.no_grad():
             values = trace.constants(*placeholders(trace.exported, module, call, *run))
-        nodes = dict.fromkeys(c.node for reading in trace.readings
-                              for c in reading.constants if c.kind == "node")
+        nodes = dict.fromkeys(name for reading in trace.readings
+                              for c in reading.constants if c.kind == "node"
+                              for name in _nodes(c))
         computed = dict(zip(nodes, values))
     like = X if X.is_floating_point() else next(module.parameters())
     out = []
@@ -366,7 +418,8 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
         values = {}
         for constant in reading.constants:
             if constant.kind == "node":
-                value = _transformed(computed[constant.node], constant.transform, like)
+                value = _transformed([computed[n] for n in _nodes(constant)],
+                                     constant.transform, like)
                 if constant.batch_dim is not None:
                     value = value.movedim(constant.batch_dim, 0)
                     value = value[:1] if one else value
@@ -377,27 +430,44 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
     return out
 
 
-def _transformed(value: torch.Tensor, transform: str, X: torch.Tensor) -> torch.Tensor:
-    """A constant as the program reads it: a float tensor like ``X``."""
-    if transform.startswith(("one_hot:", "index:")):  # an index counts from the end if < 0
-        classes = int(transform.partition(":")[2])
-        value = value.long() % classes if transform.startswith("index:") else value.long()
-        return torch.nn.functional.one_hot(value, classes).to(X.dtype)
-    if transform == "additive_keep":  # a boolean mask, True where attention is kept; a row
+def _transformed(values: list[torch.Tensor], transform: str,
+                 X: torch.Tensor) -> torch.Tensor:
+    """A constant as the program reads it, made from its nodes' ``values``: a float tensor
+    like ``X`` (the transforms are :class:`~.reader.Constant`'s)."""
+    kind, _, arg = transform.partition(":")
+    options = dict(dtype=X.dtype, device=X.device)
+    if kind in ("then", "else"):  # (mask, value): the value where the mask is (not) true
+        mask, value = values
+        zero = torch.zeros((), **options)
+        value = value.to(X.dtype)
+        return torch.where(mask.bool(), value, zero) if kind == "then" else torch.where(
+            mask.bool(), zero, value)
+    if kind == "padding":  # (indices, table): the table's row p where an index is p
+        ids, table = values
+        row = table[int(arg)].to(X.dtype)
+        return torch.where((ids == int(arg)).unsqueeze(-1), row, torch.zeros((), **options))
+    (value,) = values
+    if kind in ("one_hot", "index"):  # an index counts from the end if < 0
+        classes, _, padding = arg.partition(":")
+        value = value.long() % int(classes) if kind == "index" else value.long()
+        hot = torch.nn.functional.one_hot(value, int(classes)).to(X.dtype)
+        return hot * (value != int(padding)).unsqueeze(-1).to(X.dtype) if padding else hot
+    if kind in ("fill", "fill_not"):  # a number where a mask is true (false), 0 elsewhere
+        where = value.bool() if kind == "fill" else ~value.bool()
+        return torch.zeros(value.shape, **options).masked_fill(where, float(arg))
+    if kind == "not":  # 1 where a boolean mask is false
+        return (~value.bool()).to(X.dtype)
+    if kind == "additive_keep":  # a boolean mask, True where attention is kept; a row
         kept = value.bool()                  # that keeps nothing is 0 (it attends to nothing)
         rows = kept.any(-1, keepdim=True)
-        return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
-            ~kept & rows, float("-inf"))
-    if transform == "rows_kept":  # 1 where a row of a boolean mask keeps some entry
+        return torch.zeros(value.shape, **options).masked_fill(~kept & rows, float("-inf"))
+    if kind == "rows_kept":  # 1 where a row of a boolean mask keeps some entry
         return value.bool().any(-1, keepdim=True).to(X.dtype)
-    if transform in ("additive_safe", "rows_finite"):  # an additive mask, and its rows
+    if kind in ("additive_safe", "rows_finite"):  # an additive mask, and its rows
         finite = (value.to(X.dtype) > float("-inf")).any(-1, keepdim=True)
-        if transform == "rows_finite":
+        if kind == "rows_finite":
             return finite.to(X.dtype)
         return torch.where(finite, value.to(X.dtype), X.new_zeros(()))
-    if transform == "additive_where":  # True where the scores are set to -inf
-        return torch.zeros(value.shape, dtype=X.dtype, device=X.device).masked_fill(
-            value.bool(), float("-inf"))
     return value.to(X.dtype)  # a boolean or integer one promoted, as torch's arithmetic does
 
 
@@ -421,9 +491,42 @@ def _table(constant: Constant, dims: dict[str, int], X: torch.Tensor) -> torch.T
         table = torch.zeros(sizes[0], sizes[1], **options)
         table[offset:offset + sizes[1]] = torch.eye(sizes[1], **options)
         return table.reshape(flat)
+    if kind == "place_end":  # placed ``after`` entries before the end
+        (after,) = args
+        table = torch.zeros(sizes[0], sizes[1], **options)
+        table[sizes[0] - after - sizes[1]:sizes[0] - after] = torch.eye(sizes[1], **options)
+        return table.reshape(flat)
     if kind == "causal":
         rows, columns = sizes
         above = torch.ones(rows, columns, dtype=torch.bool, device=X.device).triu(1)
         return torch.zeros(rows, columns, **options).masked_fill(above, float("-inf")).reshape(
             flat)
+    if kind == "shift":  # out[o] = in[o - offset] (a constant pad's placement)
+        (offset,) = args
+        rows = torch.arange(sizes[0], device=X.device)[:, None]
+        return (rows == torch.arange(sizes[1], device=X.device) + offset).to(X.dtype).reshape(
+            flat)
+    if kind == "border":  # 1 on the first ``before`` and the last ``after`` entries
+        before, after = args
+        table = torch.zeros(sizes[0], **options)
+        table[:before] = 1
+        table[sizes[0] - after:] = 1
+        return table.reshape(flat)
+    if kind == "interpolate":
+        return _interpolation(args, sizes, flat, options)
     raise ValueError(f"constant: unknown table {kind!r}")
+
+
+def _interpolation(args: tuple, sizes: list[int], flat: list[int], options: dict
+                   ) -> torch.Tensor:
+    """The matrix of an interpolation (``out[p..] = Σ_q M[p.., q..] in[q..]``): the operation
+    applied to an identity basis, one image per input entry."""
+    packet, overload, arguments, given = args
+
+    def plain(arg: object) -> object:
+        return [plain(a) for a in arg] if isinstance(arg, tuple) else arg
+
+    n = math.prod(given)
+    basis = torch.eye(n, **options).reshape(n, 1, *given)
+    out = getattr(getattr(torch.ops.aten, packet), overload)(basis, *map(plain, arguments))
+    return out.reshape(n, -1).T.reshape(flat)

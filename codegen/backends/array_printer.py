@@ -61,6 +61,10 @@ class ArrayPrinter(PythonCodePrinter):
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}"
 
+    def _print_Float(self, expr: sp.Float) -> str:
+        """A float read from a module (``0.044715``, ``finfo.min``) as the float it is."""
+        return repr(float(expr))
+
     def _print_Half(self, expr: sp.Rational) -> str:
         return self._print_Rational(expr)
 
