@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from . import operations  # noqa: F401 - registers its readers
 from .curvature import Curvature
 from .reader import UnsupportedLayer, UnsupportedOperation
 

@@ -1,0 +1,99 @@
+"""Operations real Transformer modules use beyond linear maps, softmax and norms — each read
+with its exact rule and checked against reverse-over-reverse autograd on a small module that
+uses it (float64, ``L = 5``, ``d = 8``, ``d_k = 3``, ``d_ff = 12``, a batch of 2); variants
+outside the rule refused naming the operation and the module path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from families import DTYPE
+from reference import Reference, randomise, relative
+
+import curvgap
+from curvgap.adapters import UnsupportedOperation
+
+B, L, D, D_K, D_FF = 2, 5, 8, 3, 12
+
+
+def rows(seed: int = 0, width: int = D) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, L, D, generator=generator, dtype=DTYPE),
+            torch.randn(B, L, width, generator=generator, dtype=DTYPE))
+
+
+def exact(module: torch.nn.Module, X: torch.Tensor | None = None, T: torch.Tensor | None = None,
+          twin: bool = False, **inputs) -> tuple[float, float]:
+    """curvgap's gradient and Hessian-vector product against autograd's (both within 1e-10);
+    the relative errors."""
+    module = randomise(module.to(DTYPE))
+    if X is None and "inputs_embeds" not in inputs:
+        X, T = rows()
+    c = curvgap.curvature(module)
+    reference = Reference(module, X, T, twin=twin, **inputs)
+    gradient = c.gradient(X, T, **inputs)
+    v = torch.randn(gradient.shape, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    errors = (relative(gradient, reference.gradient()),
+              relative(c.hvp(X, T, v, **inputs), reference.hvp(v)))
+    assert max(errors) <= 1e-10, errors
+    return errors
+
+
+def refused(module: torch.nn.Module, *parts: str) -> None:
+    module = randomise(module.to(DTYPE))
+    X, T = rows()
+    with pytest.raises(UnsupportedOperation) as error:
+        curvgap.curvature(module).gradient(X, T)
+    for part in parts:
+        assert part in str(error.value)
+
+
+class Inside(torch.nn.Module):
+    """``inner`` at the path ``block`` (refusals name it)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+# -- repeat ------------------------------------------------------------------------------------
+class Tiled(torch.nn.Module):
+    """A learned row repeated over the batch and appended to the sequence (as
+    ``MultiheadAttention``'s ``bias_k``), then the features tiled twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D_K)
+        self.extra = torch.nn.Parameter(torch.randn(1, 1, D_K))
+        self.out = torch.nn.Linear(2 * D_K, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.proj(x), self.extra.repeat(x.shape[0], 1, 1)], 1)  # (B, L + 1, d_k)
+        return x + torch.tanh(self.out(h.repeat(1, 1, 2))).mean(1, keepdim=True)
+
+
+class MultiheadSelfAttention(torch.nn.Module):
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(D, 2, batch_first=True, **options)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x)[0]
+
+
+def test_repeat_tiles_a_parameter_over_the_batch_and_the_features():
+    exact(Tiled())
+
+
+@pytest.mark.parametrize("options", [dict(add_bias_kv=True), dict(add_zero_attn=True),
+                                     dict(add_bias_kv=True, add_zero_attn=True)],
+                         ids=["bias_kv", "zero_attn", "both"])
+def test_multihead_attention_with_bias_kv_and_zero_attention(options):
+    """``bias_k``, ``bias_v`` repeated over the batch and appended to the keys and values (a
+    piece placed after the sequence: counted from the end); a zero key and value appended
+    (constant zeros: only their place is read)."""
+    exact(MultiheadSelfAttention(**options))
