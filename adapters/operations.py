@@ -69,3 +69,62 @@ def _read_repeat(self, node, source, repeats) -> Value:
                               f"time: {copies})")
         dims[k] = [Axis(self.size((node.name, "copies", k), copies))] + dims[k]
     return self._with_dims(value, dims)
+
+
+# -- constant padding --------------------------------------------------------------------------
+@reads(aten.constant_pad_nd.default)
+def _read_constant_pad_nd(self, node, source, pad, value=0) -> Value:
+    return _padded(self, node, source, pad, value)
+
+
+@reads(aten.pad.default)
+def _read_pad(self, node, source, pad, mode="constant", value=None) -> Value:
+    if mode != "constant":
+        raise self.refuse(f"a pad in constant mode (mode = {mode!r} repeats or reflects the "
+                          "tensor's own entries, which curvgap does not read)")
+    return _padded(self, node, source, pad, value)
+
+
+def _padded(self, node, source, pad, fill) -> Value:
+    """``source`` padded by ``pad`` (pairs ``(before, after)`` from the last dimension on;
+    negative: cut) with ``fill``: along each padded dimension the placement ``out[o] =
+    in[o - before]`` plus ``fill`` on the entries the pad adds."""
+    value = _own(self, self.value(source), "a pad")
+    if any(not isinstance(p, int) for p in pad):
+        raise self.refuse("a pad of fixed widths")
+    try:
+        fill = _number(0 if fill is None else fill)
+    except (TypeError, ValueError):
+        raise self.refuse(f"a finite fill value, got {fill!r}") from None
+    out_shape = self.shape_of(node)
+    rank = len(value.dims)
+    for j in range(len(pad) // 2):
+        before, after = pad[2 * j], pad[2 * j + 1]
+        if before or after:
+            dim = rank - 1 - j
+            value = _pad_dim(self, node, value, dim, before, after, out_shape[dim], fill)
+    return value
+
+
+def _pad_dim(self, node, value: Value, dim: int, before: int, after: int, extent,
+             fill: sp.Expr) -> Value:
+    leaves = self.leaf_dims(value)
+    part = leaves[dim]
+    if any(self.is_batch(a) for a in part):
+        raise self.refuse("a pad along the features, not along the batch")
+    out_size = self.size((node.name, "padded", dim), extent).leaves()
+    shift = self.table("shift", [[Axis(s) for s in out_size],
+                                 [Axis(a.size.root()) for a in part]], ("shift", before))
+    sizes = [[a.size.root() for a in d] for d in leaves]
+    sizes[dim] = out_size
+    labels = self.out_labels(sizes)
+    inner = [self.label() for _ in part]
+    value_labels = [list(d) for d in labels]
+    value_labels[dim] = inner
+    coeff, base = self.scaled(value)
+    terms = [(coeff, [self.operand(base, value_labels), self.operand(shift, [labels[dim], inner])])]
+    if fill != 0:
+        border = self.table("border", [[Axis(s) for s in out_size]],
+                            ("border", max(before, 0), max(after, 0)))
+        terms.append((fill, [self.operand(border, [labels[dim]])]))
+    return self.emit(sizes, labels, terms, f"{node.name}_{dim}")

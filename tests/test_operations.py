@@ -97,3 +97,29 @@ def test_multihead_attention_with_bias_kv_and_zero_attention(options):
     piece placed after the sequence: counted from the end); a zero key and value appended
     (constant zeros: only their place is read)."""
     exact(MultiheadSelfAttention(**options))
+
+
+# -- constant pad ------------------------------------------------------------------------------
+class Padded(torch.nn.Module):
+    """Features padded by one before and two after with 0.5, then the sequence cut by one at
+    its start and padded with zeros by one at its end."""
+
+    def __init__(self, mode: str = "constant") -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D_K)
+        self.out = torch.nn.Linear(D_K + 3, D)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode != "constant":
+            return self.out(F.pad(self.proj(x), (1, 2), mode=self.mode))
+        h = F.pad(self.proj(x), (1, 2), value=0.5)
+        return torch.tanh(self.out(F.pad(h.transpose(1, 2), (-1, 1)).transpose(1, 2)))
+
+
+def test_constant_pad_places_the_tensor_and_fills_the_rest():
+    exact(Padded())
+
+
+def test_a_pad_that_is_not_constant_is_refused_naming_its_mode_and_path():
+    refused(Inside(Padded("reflect")), "block", "pad", "constant mode", "'reflect'")
