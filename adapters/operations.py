@@ -128,3 +128,17 @@ def _pad_dim(self, node, value: Value, dim: int, before: int, after: int, extent
                             ("border", max(before, 0), max(after, 0)))
         terms.append((fill, [self.operand(border, [labels[dim]])]))
     return self.emit(sizes, labels, terms, f"{node.name}_{dim}")
+
+
+# -- baddbmm -----------------------------------------------------------------------------------
+@reads(aten.baddbmm.default)
+def _read_baddbmm(self, node, source, batch1, batch2, beta=1, alpha=1) -> Value:
+    """``β source + α batch1 @ batch2`` (``source`` ignored where ``β = 0``, as torch does)."""
+    product = READERS[aten.bmm.default](self, node, batch1, batch2)
+    beta, alpha = _number(beta), _number(alpha)
+    cp, vp = self.scaled(product)
+    if beta == 0:
+        return Value(vp.dims, vp.tensor, vp.axes, alpha * cp * x,
+                     origin=(node.name, self.what(), self.where()))
+    cs, vs = self.scaled(self.value(source))
+    return self.combine([vs, vp], [(beta * cs, [0]), (alpha * cp, [1])], node.name)

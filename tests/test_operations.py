@@ -123,3 +123,26 @@ def test_constant_pad_places_the_tensor_and_fills_the_rest():
 
 def test_a_pad_that_is_not_constant_is_refused_naming_its_mode_and_path():
     refused(Inside(Padded("reflect")), "block", "pad", "constant mode", "'reflect'")
+
+
+# -- baddbmm -----------------------------------------------------------------------------------
+class AlibiScores(torch.nn.Module):
+    """BLOOM's scores: ``β bias + α Q Kᵀ`` by ``baddbmm``, the bias learned here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(D, D_K)
+        self.k = torch.nn.Linear(D, D_K)
+        self.v = torch.nn.Linear(D, D_FF)
+        self.out = torch.nn.Linear(D_FF, D)
+        self.slope = torch.nn.Parameter(torch.randn(1, 1, L))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.slope.expand(x.shape[0], L, L)
+        scores = torch.baddbmm(bias, self.q(x), self.k(x).transpose(1, 2), beta=0.7,
+                               alpha=D_K ** -0.5)
+        return self.out(torch.softmax(scores, -1) @ self.v(x))
+
+
+def test_baddbmm_is_a_scaled_sum_of_its_input_and_a_product():
+    exact(AlibiScores())
