@@ -142,3 +142,64 @@ def _read_baddbmm(self, node, source, batch1, batch2, beta=1, alpha=1) -> Value:
                      origin=(node.name, self.what(), self.where()))
     cs, vs = self.scaled(self.value(source))
     return self.combine([vs, vp], [(beta * cs, [0]), (alpha * cp, [1])], node.name)
+
+
+# -- einsum ------------------------------------------------------------------------------------
+@reads(aten.einsum.default)
+def _read_einsum(self, node, equation, operands, path=None) -> Value:
+    """``torch.einsum(equation, *operands)``: one einsum of the program (a letter's
+    dimensions aligned across operands; a dimension of one broadcast)."""
+    values = [self.value(t) for t in operands]
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    specs = lhs.split(",")
+    if len(specs) != len(values):
+        raise self.refuse("an einsum equation with one subscript per operand")
+    hidden = max([len(v.dims) - len(s.replace("...", "")) for s, v in zip(specs, values)
+                  if "..." in s] or [0])
+    broadcast = [chr(0x100 + k) for k in range(hidden)]  # the ellipsis as letters of its own
+
+    def letters(spec: str, rank: int) -> list[str]:
+        if "..." in spec:
+            head, _, tail = spec.partition("...")
+            return list(head) + broadcast[hidden - (rank - len(head) - len(tail)):] + list(tail)
+        return list(spec)
+
+    subscripts = [letters(s, len(v.dims)) for s, v in zip(specs, values)]
+    if any(len(s) != len(v.dims) for s, v in zip(subscripts, values)):
+        raise self.refuse("an einsum equation with one letter per dimension of each operand")
+    if any(len(set(s)) != len(s) for s in subscripts):
+        raise self.refuse("an einsum without a letter repeated within one operand (a "
+                          "diagonal)")
+    if arrow:
+        out = letters(rhs, hidden + len(rhs.replace("...", "")))
+    else:
+        counts: dict[str, int] = {}
+        for s in subscripts:
+            for letter in s:
+                counts[letter] = counts.get(letter, 0) + 1
+        out = broadcast + sorted(k for k, n in counts.items() if n == 1 and k not in broadcast)
+    order = list(dict.fromkeys(letter for s in subscripts for letter in s))
+    for letter in order:  # a letter's dimensions meet
+        full = [self.leaf_dims(v)[s.index(letter)] for s, v in zip(subscripts, values)
+                if letter in s and self.leaf_dims(v)[s.index(letter)]]
+        for other in full[1:]:
+            align([a.size for a in full[0]], [a.size for a in other])
+    sizes = {}
+    for letter in order:
+        full = [self.leaf_dims(v)[s.index(letter)] for s, v in zip(subscripts, values)
+                if letter in s and self.leaf_dims(v)[s.index(letter)]]
+        sizes[letter] = [a.size.root() for a in full[0]] if full else []
+    summed = [letter for letter in order if letter not in out]
+    if any(size is self.batch.root() for letter in summed for size in sizes[letter]):
+        raise self.refuse("an einsum that sums over the features of each sample, not over "
+                          "the batch")
+    out_sizes = [sizes[letter] for letter in out]
+    labels = dict(zip(out, self.out_labels(out_sizes)))
+    labels.update({letter: [self.label() for _ in sizes[letter]] for letter in summed})
+    coeff, factors = sp.Integer(1), []
+    for s, v in zip(subscripts, values):
+        c, base = self.scaled(v)
+        coeff *= c
+        factors.append(self.operand(base, [labels[letter] if dim else []
+                                           for letter, dim in zip(s, self.leaf_dims(v))]))
+    return self.emit(out_sizes, [labels[letter] for letter in out], [(coeff, factors)])

@@ -146,3 +146,23 @@ class AlibiScores(torch.nn.Module):
 
 def test_baddbmm_is_a_scaled_sum_of_its_input_and_a_product():
     exact(AlibiScores())
+
+
+# -- einsum ------------------------------------------------------------------------------------
+class EinsumAttention(torch.nn.Module):
+    """Heads projected, scored and mixed by ``torch.einsum`` (an ellipsis too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(D, D_K, 2))
+        self.out = torch.nn.Parameter(torch.randn(D_K, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.einsum("bld,dkh->blhk", x, self.w)
+        scores = torch.einsum("...lhk,...mhk->...hlm", h, h)
+        mixed = torch.einsum("bhlm,bmhk->blk", torch.softmax(scores, -1), h)
+        return torch.einsum("blk,kd", mixed, self.out).transpose(1, 2)  # implicit: "bdl"
+
+
+def test_einsum_is_read_as_its_contraction():
+    exact(EinsumAttention())
