@@ -203,3 +203,42 @@ def _read_einsum(self, node, equation, operands, path=None) -> Value:
         factors.append(self.operand(base, [labels[letter] if dim else []
                                            for letter, dim in zip(s, self.leaf_dims(v))]))
     return self.emit(out_sizes, [labels[letter] for letter in out], [(coeff, factors)])
+
+
+# -- norms -------------------------------------------------------------------------------------
+@reads(aten.linalg_vector_norm.default)
+def _read_vector_norm(self, node, source, ord=2, dim=None, keepdim=False, dtype=None
+                      ) -> Value:
+    """``‖x‖₂`` over ``dim``: ``sqrt(Σ x²)``, the sum of squares a program tensor; where it is
+    0 the norm has no derivative (torch's backward gives 0 there), which a guard refuses."""
+    if ord != 2:
+        raise self.refuse(f"a vector norm of order 2 (this one has ord = {ord})")
+    value = self.value(source)
+    rank = len(value.dims)
+    chosen = range(rank) if dim is None or dim == [] else [dim] if isinstance(dim, int) else dim
+    reduced = {d % rank for d in chosen}
+    leaves = self.leaf_dims(value)
+    if any(self.is_batch(a) for d in reduced for a in leaves[d]):
+        raise self.refuse("a norm over the features of each sample, not over the batch")
+    sizes = [[a.size.root() for a in d] for d in leaves]
+    out_sizes = [([] if k in reduced else s) for k, s in enumerate(sizes)
+                 if keepdim or k not in reduced]
+    labels = self.out_labels(out_sizes)
+    value_labels, position = [], 0
+    for k, d in enumerate(leaves):
+        if k in reduced:
+            value_labels.append([self.label() for _ in d])
+            position += keepdim
+        else:
+            value_labels.append(labels[position])
+            position += 1
+    coeff, base = self.scaled(value)
+    squares = self.emit(out_sizes, labels, [(coeff ** 2, [self.operand(base, value_labels),
+                                                         self.operand(base, value_labels)])],
+                        f"{node.name}_squares")
+    self.guards.append((squares.tensor, squares.tensor,
+                        f"the norm at {_path(node) or 'the module'} is 0 for some row, where "
+                        "it has no derivative (torch's backward takes 0 there); change the "
+                        "input"))
+    return Value(squares.dims, squares.tensor, squares.axes, sp.sqrt(x),
+                 origin=(node.name, self.what(), self.where()))

@@ -166,3 +166,27 @@ class EinsumAttention(torch.nn.Module):
 
 def test_einsum_is_read_as_its_contraction():
     exact(EinsumAttention())
+
+
+# -- vector norm -------------------------------------------------------------------------------
+class Normalised(torch.nn.Module):
+    """Rows scaled to unit length by ``Tensor.norm`` (cosine attention, QK-norm)."""
+
+    def __init__(self, order: float = 2) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(D, D_FF)
+        self.down = torch.nn.Linear(D_FF, D)
+        self.order = order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        return self.down(h / h.norm(p=self.order, dim=-1, keepdim=True)) * x.norm(dim=(1, 2))[
+            :, None, None]
+
+
+def test_vector_norm_is_the_square_root_of_a_sum_of_squares():
+    exact(Normalised())
+
+
+def test_a_norm_of_another_order_is_refused():
+    refused(Inside(Normalised(1)), "block", "linalg_vector_norm", "order 2")
