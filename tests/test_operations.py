@@ -190,3 +190,41 @@ def test_vector_norm_is_the_square_root_of_a_sum_of_squares():
 
 def test_a_norm_of_another_order_is_refused():
     refused(Inside(Normalised(1)), "block", "linalg_vector_norm", "order 2")
+
+
+# -- attention with a learned bias ---------------------------------------------------------------
+class BiasedAttention(torch.nn.Module):
+    """``scaled_dot_product_attention`` with an additive mask computed from a parameter table
+    (a relative-position bias, as T5's): the mask is differentiable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(D, 3 * 2 * D_K)
+        self.out = torch.nn.Linear(2 * D_K, D)
+        self.table = torch.nn.Parameter(torch.randn(2 * L - 1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, D_K).permute(2, 0, 3, 1, 4)
+        distance = torch.arange(n)[None, :] - torch.arange(n)[:, None] + L - 1
+        bias = self.table[distance].permute(2, 0, 1)[None]  # (1, h, L, L)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.out(mixed.transpose(1, 2).reshape(b, n, 2 * D_K))
+
+
+def test_attention_with_a_mask_computed_from_parameters():
+    exact(BiasedAttention())
+
+
+def test_t5_attention_under_sdpa_reads_its_position_bias_as_a_term_of_the_scores():
+    from families import _hf, _rows
+    cls, config = _hf("t5.modeling_t5", "T5Block", "T5Config", d_model=D, d_kv=D_K,
+                      num_heads=2, d_ff=D_FF, relative_attention_num_buckets=8,
+                      relative_attention_max_distance=16)
+    config._attn_implementation = "sdpa"
+    block = cls(config, has_relative_attention_bias=True, layer_idx=0)
+    X, T = _rows()
+    exported = torch.export.export(block.to(DTYPE), (X,), strict=False)
+    assert any(n.target is torch.ops.aten.scaled_dot_product_attention.default
+               for n in exported.graph.nodes)
+    exact(block, X, T, twin=True)
