@@ -242,3 +242,52 @@ def _read_vector_norm(self, node, source, ord=2, dim=None, keepdim=False, dtype=
                         "input"))
     return Value(squares.dims, squares.tensor, squares.axes, sp.sqrt(x),
                  origin=(node.name, self.what(), self.where()))
+
+
+# -- interpolation -----------------------------------------------------------------------------
+_INTERPOLATIONS = [name for name in (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
+    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa") if hasattr(aten, name)]
+
+
+def _plain(arg: object) -> object:
+    """A node's argument as a hashable value (lists as tuples)."""
+    if isinstance(arg, list | tuple):
+        return tuple(_plain(a) for a in arg)
+    return arg
+
+
+@reads(*[getattr(aten, name) for name in _INTERPOLATIONS])
+def _read_interpolation(self, node, source, *args, **kwargs) -> Value:
+    """An interpolation over the trailing (spatial) dimensions of fixed sizes: ``out[..,
+    p..] = Σ_q M[p.., q..] in[.., q..]``, ``M`` the operation applied to an identity basis
+    (made at call time in ``X``'s dtype: the coefficients torch uses)."""
+    value = _own(self, self.value(source), "an interpolation")
+    out_shape = self.shape_of(node)
+    spatial = len(out_shape) - 2
+    leaves = self.leaf_dims(value)
+    given = self.shape_of(source)
+    if any(not isinstance(e, int) for e in given[2:] + out_shape[2:]):
+        raise self.refuse("an interpolation between sizes fixed when the module is read")
+    if any(self.is_batch(a) for d in leaves[2:] for a in d):
+        raise self.refuse("an interpolation along the features, not along the batch")
+    if kwargs or any(isinstance(a, torch.fx.Node) for a in args):
+        raise self.refuse("an interpolation of sizes and scales given as numbers")
+    packet = str(node.target._overloadpacket).removeprefix("aten.")
+    details = ("interpolate", packet, node.target._overloadname, _plain(args),
+               tuple(given[2:]))
+    out_dims = [self.size((node.name, "interpolated", k), e).leaves()
+                for k, e in enumerate(out_shape[2:])]
+    table = self.table("interpolate",
+                       [[Axis(s) for s in d] for d in out_dims]
+                       + [[Axis(a.size.root()) for a in d] for d in leaves[2:]], details)
+    sizes = [[a.size.root() for a in d] for d in leaves[:2]] + out_dims
+    labels = self.out_labels(sizes)
+    inner = [[self.label() for _ in d] for d in leaves[2:]]
+    coeff, base = self.scaled(value)
+    del spatial
+    return self.emit(sizes, labels, [(coeff, [
+        self.operand(base, labels[:2] + inner),
+        self.operand(table, labels[2:] + inner)])])

@@ -228,3 +228,26 @@ def test_t5_attention_under_sdpa_reads_its_position_bias_as_a_term_of_the_scores
     assert any(n.target is torch.ops.aten.scaled_dot_product_attention.default
                for n in exported.graph.nodes)
     exact(block, X, T, twin=True)
+
+
+# -- interpolation -------------------------------------------------------------------------------
+class Resized(torch.nn.Module):
+    """A learned (3, 4) grid of position embeddings resized to (2, 5) (as ViTs do for
+    another image size), its first L positions added."""
+
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, D, 3, 4))
+        self.options = options
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        table = F.interpolate(self.grid, size=(2, 5), **self.options)
+        return torch.tanh(x + table.flatten(2).transpose(1, 2)[:, :L])
+
+
+@pytest.mark.parametrize("options", [
+    dict(mode="bilinear"), dict(mode="bilinear", align_corners=True),
+    dict(mode="bicubic", antialias=True), dict(mode="bicubic"), dict(mode="nearest")],
+    ids=["bilinear", "bilinear-corners", "bicubic-antialias", "bicubic", "nearest"])
+def test_interpolation_of_a_learned_table_is_a_linear_map(options):
+    exact(Resized(**options))
