@@ -244,6 +244,99 @@ def _read_vector_norm(self, node, source, ord=2, dim=None, keepdim=False, dtype=
                  origin=(node.name, self.what(), self.where()))
 
 
+# -- selections by constant indices ------------------------------------------------------------
+def _indices(self, index, what: str) -> Value:
+    ids = self.value(index)
+    if ids.constant is None or ids.constant == TOKENS:
+        raise self.refuse(f"{what} by constant integer indices (computed without X's "
+                          "derivatives: autograd treats them as constants too)")
+    return ids
+
+
+def _fixed(self, value: Value, dim: int) -> int:
+    full = self.leaf_dims(value)[dim]
+    if not all(isinstance(a.extent, int) for a in full):
+        raise self.refuse("a selection along a dimension of fixed size")
+    return int(_extent_of(self, full))
+
+
+def _hot(self, ids: Value, value: Value, dim: int) -> Value:
+    """The one-hot rows of the constant indices ``ids`` over ``value``'s dimension ``dim``
+    (its own axes: their classes keep its factors), one program constant however often
+    read."""
+    total = _fixed(self, value, dim)
+    key = ("one-hot rows", ids.constant, total)  # the pass's declarations hold it
+    if key not in self.declared:
+        self.declared[key] = Value(ids.dims + [[Axis(a.size.root()) for a in value.dims[dim]]],
+                                   constant=ids.constant, transform=f"index:{total}")
+    return self.declared[key]
+
+
+@reads(aten.index_select.default)
+def _read_index_select(self, node, source, dim, index) -> Value:
+    """``source.index_select(dim, index)``: the one-hot rows of ``index`` times ``source``
+    along ``dim``."""
+    value = self.value(source)
+    dim %= len(value.dims)
+    ids = _indices(self, index, "an index_select")
+    return self._by_rows(value, dim, _hot(self, ids, value, dim))
+
+
+def _gathered(self, value: Value, dim: int, ids: Value, id_shape: list, value_shape: list,
+              key: str) -> Value:
+    """``out[i.., j, k..] = value[i.., ids[i.., j, k..], k..]``: ``Σ_r onehot(ids)[i.., j,
+    k.., r] value[i.., r, k..]``, ``ids``'s other dimensions those of ``value``."""
+    if len(ids.dims) != len(value.dims):
+        raise self.refuse("a gather by indices of the tensor's rank")
+    hot = _hot(self, ids, value, dim)
+    for k in range(len(value.dims)):
+        if k == dim:
+            continue
+        if sp.simplify(sp.sympify(id_shape[k]) - value_shape[k]) != 0:
+            raise self.refuse("a gather by indices of the tensor's own extents along every "
+                              "other dimension")
+        a, b = self.leaf_dims(hot)[k], self.leaf_dims(value)[k]
+        if a and b:
+            align([s.size for s in a], [s.size for s in b])
+    leaves = self.leaf_dims(value)
+    picked = self.leaf_dims(hot)[:-1]
+    sizes = [[a.size.root() for a in d] for d in leaves]
+    sizes[dim] = [a.size.root() for a in picked[dim]]
+    labels = self.out_labels(sizes)
+    inner = [self.label() for _ in leaves[dim]]
+    value_labels = [list(d) for d in labels]
+    value_labels[dim] = inner
+    hot_labels = [list(d) if picked[k] else [] for k, d in enumerate(labels)] + [inner]
+    coeff, base = self.scaled(value)
+    return self.emit(sizes, labels, [(coeff, [self.operand(base, value_labels),
+                                              self.operand(hot, hot_labels)])], key)
+
+
+@reads(aten.gather.default)
+def _read_gather(self, node, source, dim, index, sparse_grad=False) -> Value:
+    value = self.value(source)
+    ids = _indices(self, index, "a gather")
+    return _gathered(self, value, dim % len(value.dims), ids, self.shape_of(index),
+                     self.shape_of(source), node.name)
+
+
+@reads(aten.topk.default)
+def _read_topk(self, node, source, k, dim=-1, largest=True, sorted=True) -> tuple:
+    """``topk``'s values: ``gather(source, dim, indices)``, the indices the constant the
+    module computes (its second output)."""
+    value = self.value(source)
+    dim %= len(value.dims)
+    taken = next((user.name for user in node.users if user.target is operator.getitem
+                  and user.args[1] == 1), None)  # torch.export keeps it, even unused
+    if taken is None:
+        raise self.refuse("the indices of the selection as a node of the graph")
+    shape = node.meta["val"][1].shape
+    ids = Value(self.fresh(tuple(shape), taken), constant=taken)
+    return (_gathered(self, value, dim, ids, [_extent(e) for e in shape], self.shape_of(source),
+                      node.name),
+            ids)
+
+
 # -- interpolation -----------------------------------------------------------------------------
 _INTERPOLATIONS = [name for name in (
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",

@@ -251,3 +251,47 @@ class Resized(torch.nn.Module):
     ids=["bilinear", "bilinear-corners", "bicubic-antialias", "bicubic", "nearest"])
 def test_interpolation_of_a_learned_table_is_a_linear_map(options):
     exact(Resized(**options))
+
+
+# -- selection by data-dependent indices ----------------------------------------------------------
+class Routed(torch.nn.Module):
+    """Mixture-of-experts routing: the top two of a softmax of router logits (their values
+    differentiable, their indices constants), the logits gathered by those indices, experts
+    chosen by ``index_select`` and ``index`` with indices from ``topk`` and ``argmax``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(D, 4)
+        self.experts = torch.nn.Parameter(torch.randn(4, D, D_K))
+        self.out = torch.nn.Linear(D_K, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x)
+        weights, chosen = torch.topk(torch.softmax(logits, -1), 2, dim=-1)  # (B, L, 2)
+        gathered = torch.gather(logits, -1, chosen)
+        favourite = self.router.weight.sum(1).topk(2).indices  # (2,): one per slot
+        experts = self.experts.index_select(0, favourite)  # (2, d, d_k)
+        first = self.experts[self.router.bias.argmax(-1, keepdim=True)][0]  # (d, d_k)
+        h = torch.einsum("bld,kde->blke", x, experts) + (x @ first)[:, :, None]
+        return self.out((h * (weights + gathered)[..., None]).sum(2))
+
+
+def test_routing_by_topk_reads_its_values_and_selects_by_its_indices():
+    exact(Routed())
+
+
+def test_an_expert_loop_over_the_chosen_experts_is_refused_naming_the_operation_and_path():
+    """Hugging Face's mixture of experts loops over the experts the router chose: a shape
+    that depends on tensor values, which torch.export cannot trace; the refusal says where."""
+    from families import _hf, _rows
+    cls, config = _hf("mixtral.modeling_mixtral", "MixtralSparseMoeBlock", "MixtralConfig",
+                      hidden_size=D, intermediate_size=D_FF, num_local_experts=4,
+                      num_experts_per_tok=2, num_attention_heads=2, num_key_value_heads=2)
+    block = randomise(cls(config).to(DTYPE))
+    X, T = _rows()
+    with pytest.raises(UnsupportedOperation) as error:
+        curvgap.curvature(block).gradient(X, T)
+    message = str(error.value)
+    assert message.startswith("experts (")  # the submodule's path, then its class
+    assert "operation unbind" in message and "nonzero" in message
+    assert "depend on tensor values" in message and "GuardOnDataDependent" not in message
