@@ -295,3 +295,18 @@ def test_an_expert_loop_over_the_chosen_experts_is_refused_naming_the_operation_
     assert message.startswith("experts (")  # the submodule's path, then its class
     assert "operation unbind" in message and "nonzero" in message
     assert "depend on tensor values" in message and "GuardOnDataDependent" not in message
+
+
+# -- Hugging Face decoders called as they are ------------------------------------------------------
+@pytest.mark.parametrize("family", ["gpt2_model", "llama_model"])
+def test_a_decoder_called_with_its_defaults_ignores_its_cache(family):
+    """Without ``use_cache=False`` a decoder returns a key-value cache beside its output (no
+    trace can return one): the call is read with ``use_cache=False``, the loss reading the
+    output only; the default attention (sdpa) is read as it is."""
+    import families
+    case = getattr(families, family)()
+    inputs = {k: v for k, v in case.inputs.items() if k != "use_cache"}
+    assert case.module.config._attn_implementation == "sdpa"
+    out = case.module(**inputs)
+    assert getattr(out, "past_key_values", None) is not None  # a cache, by default
+    exact(case.module, None, case.T, twin=case.float32_inside, **inputs)
