@@ -1,0 +1,279 @@
+"""What PyTorch computes is what curvgap derives: masking constants (``finfo.min``,
+``-finfo.max``, ``-inf``, ``-1e4``) as masks, floats as the numbers they are, an embedding's
+padding row, frozen parameters, ``detach`` and ``torch.no_grad()`` regions as autograd has
+them — each against reverse-over-reverse autograd on a module that uses it — and the
+conventions curvgap cannot follow refused by name."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import sympy as sp
+import torch
+from families import DTYPE
+from reference import Reference, randomise, relative
+
+import curvgap
+from curvgap.adapters import UnsupportedLayer
+from curvgap.adapters.reader import _number
+from curvgap.codegen.backends.torch.printer import TorchPrinter
+
+D = 5
+F64 = torch.finfo(torch.float64)
+
+
+def _rows(L: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, L, D, generator=generator, dtype=DTYPE) for _ in range(2))
+
+
+def _agrees(module: torch.nn.Module, X: torch.Tensor, T: torch.Tensor, loss: str = "mse",
+            twin: bool = False, **inputs) -> None:
+    """Forward, gradient, HVP and GN product of ``module`` against autograd (the parameters
+    that require a gradient), within 1e-10."""
+    c = curvgap.curvature(module, loss)
+    wrt = [n for n, p in module.named_parameters() if p.requires_grad]
+    ref = Reference(module, X, T, loss, wrt=wrt, twin=twin, **inputs)
+    assert relative(c.forward(X, **inputs), ref.output().detach()) <= 1e-10
+    gradient = ref.gradient()
+    assert relative(c.gradient(X, T, wrt=wrt, **inputs), gradient) <= 1e-10
+    v = torch.randn(gradient.numel(), generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    assert relative(c.hvp(X, T, v, wrt=wrt, **inputs), ref.hvp(v)) <= 1e-10
+    assert relative(c.gnvp(X, T, v, wrt=wrt, **inputs), ref.gnvp(v)) <= 1e-10
+
+
+# -- masking constants -------------------------------------------------------------------------
+class Causal(torch.nn.Module):
+    """One head's attention over ``x`` whose future positions are masked by ``how`` with
+    ``fill`` (the idioms of Hugging Face's eager attentions)."""
+
+    def __init__(self, how: str, fill: float) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(D, D, bias=False)
+        self.how, self.fill = how, fill
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.q(x) @ x.transpose(-1, -2)
+        L = x.shape[1]
+        kept = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        if self.how == "where tensor":  # the issue's module: a 0-d tensor of finfo.min
+            s = torch.where(kept, s, torch.tensor(self.fill, dtype=s.dtype))
+        elif self.how == "where number":
+            s = torch.where(kept, s, self.fill)
+        elif self.how == "where full_like":
+            s = torch.where(kept, s, torch.full_like(s, self.fill))
+        elif self.how == "masked_fill":
+            s = s.masked_fill(~kept, self.fill)
+        return s.softmax(-1) @ x
+
+
+FILLS = {"finfo.min": F64.min, "-finfo.max": -F64.max, "-inf": -math.inf, "-1e4": -1e4}
+
+
+@pytest.mark.parametrize("how", ["where tensor", "where number", "where full_like",
+                                 "masked_fill"])
+@pytest.mark.parametrize("fill", list(FILLS), ids=list(FILLS))
+def test_a_masking_constant_is_the_mask_it_stands_for(how, fill):
+    """``finfo.min`` beside a score used to swallow it (``s + c - c`` is not ``s``): the
+    forward was off by 0.2, the HVP by 7× its size."""
+    module = randomise(Causal(how, FILLS[fill]).to(DTYPE))
+    _agrees(module, *_rows())
+
+
+def test_both_branches_of_where_are_derived_each_under_its_own_mask():
+    class Both(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.where(x > 0, torch.tanh(self.a(x)), 1e3 * self.b(x))
+
+    _agrees(randomise(Both().to(DTYPE)), *_rows())
+
+
+def test_gpt_neo_as_shipped_masks_with_finfo_min_and_is_exact():
+    """GPT-Neo's eager attention: ``torch.where(causal, scores, tensor(finfo.min))``, global
+    and local (windowed) layers; it computes attention in float32 inside, so the reference is
+    its float64 twin."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoBlock
+
+    config = transformers.GPTNeoConfig(hidden_size=8, num_heads=2, intermediate_size=12,
+                                       num_layers=2, attention_types=[[["global", "local"], 1]],
+                                       window_size=3, max_position_embeddings=16)
+    config._attn_implementation = "eager"
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 5, 8, generator=generator, dtype=DTYPE) for _ in range(2))
+    for layer in (0, 1):
+        _agrees(randomise(GPTNeoBlock(config, layer).to(DTYPE)), X, T, twin=True)
+
+
+# -- constants as they are ---------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [
+    (0.5, sp.Rational(1, 2)), (1 / 3, sp.Rational(1, 3)), (1 / math.sqrt(3), sp.sqrt(3) / 3),
+    (-1e4, sp.Integer(-10000)), (2.0, sp.Integer(2)), (1 / math.sqrt(64), sp.Rational(1, 8)),
+])
+def test_a_float_is_the_simple_number_it_visibly_is(value, expected):
+    assert _number(value) == expected
+
+
+@pytest.mark.parametrize("value", [0.044715, 1e-12, F64.min, F64.max, 0.7978845608028654,
+                                   5e-324])
+def test_any_other_float_is_the_float_it_is_and_prints_so(value):
+    number = _number(value)
+    assert isinstance(number, sp.Float) and float(number) == value
+    assert TorchPrinter().doprint(number) == repr(value)
+
+
+def test_no_constant_prints_as_a_long_integer_or_a_rational_of_a_floats_bits():
+    """``1/sqrt(3)`` printed as ``\\frac{2251799813685248}{3900231685776981}`` and
+    ``-finfo.max`` as a 309-digit integer (which crashed the generated code)."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k = torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(4, 3, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = self.q(x) @ self.k(x).transpose(-1, -2) / math.sqrt(3)
+            L = x.shape[1]
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -F64.max)
+            return torch.nn.functional.gelu(s.softmax(-1) @ x, approximate="tanh")
+
+    module = randomise(Scaled().to(DTYPE))
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(2))
+    _agrees(module, X, T)
+    tex = curvgap.curvature(module).latex(X)
+    assert not re.search(r"\d{20}", tex)
+    assert not re.search(r"\\frac\{\d{7,}\}\{\d{7,}\}", tex)
+    assert r"\frac{\sqrt{3}}{3}" in tex
+
+
+# -- PyTorch's conventions ---------------------------------------------------------------------
+class TokenTable(torch.nn.Module):
+    """Token ids → an embedding with a padding row → a layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(7, D, padding_idx=2)
+        self.out = torch.nn.Linear(D, 6)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.embedding(ids)))
+
+
+class PositionTable(torch.nn.Module):
+    """``x`` plus an embedding of constant ids (keyword input) with a padding row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(6, D, padding_idx=0)
+        self.out = torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(x + self.embedding(positions)))
+
+
+def test_the_padding_row_of_an_embedding_of_token_ids_has_no_derivative():
+    """Autograd never differentiates the row ``padding_idx`` (its gradient, its Hessian row
+    and column are zero) though the forward reads it: curvgap used to differentiate it."""
+    module = randomise(TokenTable().to(DTYPE))
+    ids = torch.tensor([[1, 2, 3, 2], [2, 0, 6, 5]])
+    T = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    _agrees(module, ids, T)
+    c, ref = curvgap.curvature(module), Reference(module, ids, T)
+    H = c.loss_hessian(ids, T)
+    assert relative(H, ref.hessian()) <= 1e-10
+    row = slice(2 * D, 3 * D)  # the padding row of the table (first in parameter order)
+    assert H[row].abs().max() == 0 and H[:, row].abs().max() == 0
+    assert H[:2 * D, :2 * D].abs().max() > 0
+
+
+def test_the_padding_row_of_an_embedding_of_constant_ids_has_no_derivative():
+    module = randomise(PositionTable().to(DTYPE))
+    X, T = _rows()
+    _agrees(module, X, T, positions=torch.tensor([[0, 1, 2, 0], [3, 0, 4, 5]]))
+
+
+def test_bert_classifies_padded_token_ids_as_autograd_does():
+    """BERT's token table pads with id 0 (``pad_token_id``), the id its padded positions
+    hold."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                                     num_hidden_layers=1, vocab_size=30,
+                                     max_position_embeddings=16, num_labels=3)
+    model = randomise(transformers.BertForSequenceClassification(config).to(DTYPE))
+    ids = torch.tensor([[5, 9, 23, 0, 0], [9, 7, 13, 7, 3]])
+    mask = (ids != 0).long()
+    _agrees(model, ids, torch.tensor([2, 0]), "cross_entropy", attention_mask=mask)
+
+
+def test_a_frozen_parameter_is_a_constant():
+    """A parameter with ``requires_grad=False`` (a sinusoidal table, a frozen bias) is read at
+    call time as it is and never differentiated."""
+
+    class Frozen(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+            self.table = torch.nn.Parameter(torch.randn(8, D), requires_grad=False)
+            self.b.bias.requires_grad_(False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.tanh(self.a(x) + self.table[: x.shape[1]]))
+
+    module = Frozen().to(DTYPE).eval()
+    X, T = _rows()
+    _agrees(module, X, T)
+    c = curvgap.curvature(module)
+    names = [n for n, _ in module.named_parameters()]
+    gradient = c.gradient(X, T, wrt=names)
+    assert gradient[-D:].abs().max() == 0  # b.bias
+    with torch.no_grad():
+        module.table.add_(1.0)  # read at call time
+    _agrees(module, X, T)
+
+
+def test_detach_and_no_grad_regions_stop_derivatives_as_in_autograd():
+    """A straight-through estimator ``y + (tanh(y) - y).detach()`` and a ``torch.no_grad()``
+    region inside the forward: their values are constants of the call."""
+
+    class StraightThrough(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            y = y + (torch.tanh(y) - y).detach()
+            with torch.no_grad():
+                scale = self.b(x) * 2 + torch.zeros_like(y)
+            return self.b(y) * scale
+
+    _agrees(randomise(StraightThrough().to(DTYPE)), *_rows())
+
+
+class Table(torch.nn.Module):
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(6, D, **options)
+        self.out = torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.out(x + self.embedding(positions))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_norm": 1.0}, r"embedding: operation embedding_renorm_ .*without max_norm"),
+    ({"scale_grad_by_freq": True}, r"embedding: operation embedding .*without "
+                                   r"scale_grad_by_freq"),
+])
+def test_an_embedding_whose_backward_is_no_derivative_is_refused_by_name(options, message):
+    module = Table(**options).to(DTYPE).eval()
+    X, T = _rows()
+    with pytest.raises(UnsupportedLayer, match=message):
+        curvgap.curvature(module).gradient(X, T, positions=torch.tensor([[0, 1, 2, 1]] * 2))
