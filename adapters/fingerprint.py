@@ -33,7 +33,8 @@ def _plain(value: object, seen: set[int]) -> object:
 
 def fingerprint(module: torch.nn.Module) -> str:
     """A digest of ``module``'s structure: each submodule's class, mode and plain attributes,
-    and the names, shapes, dtypes and devices of its parameters and buffers."""
+    and the names, shapes, dtypes, devices and ``requires_grad`` of its parameters and
+    buffers (a frozen parameter is read as a constant)."""
     digest = hashlib.blake2b(digest_size=16)
     seen: set[int] = set()
     for name, sub in module.named_modules():
@@ -50,5 +51,5 @@ def fingerprint(module: torch.nn.Module) -> str:
     for kind, items in (("p", module.named_parameters()), ("b", module.named_buffers())):
         for name, tensor in items:
             digest.update(f"{kind}{name}{tuple(tensor.shape)}{tensor.dtype}"
-                          f"{tensor.device}".encode())
+                          f"{tensor.device}{tensor.requires_grad}".encode())
     return digest.hexdigest()

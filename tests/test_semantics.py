@@ -236,6 +236,10 @@ def test_a_frozen_parameter_is_a_constant():
     with torch.no_grad():
         module.table.add_(1.0)  # read at call time
     _agrees(module, X, T)
+    module.b.bias.requires_grad_(True)  # thawed: read again, differentiated
+    thawed = [n for n in names if n != "table"]
+    assert relative(c.gradient(X, T, wrt=thawed),
+                    Reference(module, X, T, wrt=thawed).gradient()) <= 1e-10
 
 
 def test_detach_and_no_grad_regions_stop_derivatives_as_in_autograd():
