@@ -147,6 +147,8 @@ class _Lowerer:
         terms = assign.expr.terms
         if len(terms) == 1 and self._direct(assign, terms[0]):
             value, coeff, _ = self.term(assign, terms[0], result=target.name)
+            if value == target.name and coeff != 1:  # the product there is scaled next:
+                self._forget(target.name)            # no later term may share it
             if value == target.name and coeff != 1 and self._fresh_product(target.name):
                 # a product just made (a batch mean's 1/B): scaled in place, not copied
                 self.function.statements.append(ir.Scale(target.name,
@@ -166,6 +168,10 @@ class _Lowerer:
             value, coeff, (tie, broadcast) = self.term(assign, term)
             self.function.statements.append(
                 ir.Accumulate(target.name, tie, value, self.coefficient(coeff), broadcast))
+
+    def _forget(self, name: str) -> None:
+        """Share no product stored as ``name`` from now on (it is about to be scaled)."""
+        self.contractions = {k: v for k, v in self.contractions.items() if v != name}
 
     def _fresh_product(self, name: str) -> bool:
         """Whether the last statement made ``name`` as a product of two arrays (a fresh

@@ -281,3 +281,58 @@ def test_an_embedding_whose_backward_is_no_derivative_is_refused_by_name(options
     X, T = _rows()
     with pytest.raises(UnsupportedLayer, match=message):
         curvgap.curvature(module).gradient(X, T, positions=torch.tensor([[0, 1, 2, 1]] * 2))
+
+
+# -- models as their library builds them, called as users call them ----------------------------
+def _library_models() -> dict:
+    """Hugging Face models from their configs with the library's defaults (its attention
+    implementation, sdpa where it picks it), at sizes where ``d``, ``d_k`` and ``d_ff``
+    differ."""
+    transformers = pytest.importorskip("transformers")
+    common = dict(hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                  num_hidden_layers=2, vocab_size=30, max_position_embeddings=16)
+    return {
+        "GPTNeoXModel": lambda: transformers.GPTNeoXConfig(**common),
+        "PhiModel": lambda: transformers.PhiConfig(**common),
+        "FalconModel": lambda: transformers.FalconConfig(hidden_size=8, num_attention_heads=2,
+                                                         num_hidden_layers=2, vocab_size=30),
+        "GPT2Model": lambda: transformers.GPT2Config(n_embd=8, n_head=2, n_inner=12,
+                                                     n_layer=2, vocab_size=30, n_positions=16,
+                                                     bos_token_id=0, eos_token_id=0),
+        "LlamaModel": lambda: transformers.LlamaConfig(**common, num_key_value_heads=1),
+        "Qwen2Model": lambda: transformers.Qwen2Config(**common, num_key_value_heads=1),
+        "GemmaModel": lambda: transformers.GemmaConfig(**common, num_key_value_heads=1,
+                                                       head_dim=4),
+        "Gemma2Model": lambda: transformers.Gemma2Config(**common, num_key_value_heads=1,
+                                                         head_dim=4),
+        "OPTModel": lambda: transformers.OPTConfig(hidden_size=8, num_attention_heads=2,
+                                                   ffn_dim=12, num_hidden_layers=2,
+                                                   vocab_size=30, word_embed_proj_dim=8,
+                                                   max_position_embeddings=16),
+        "BertModel": lambda: transformers.BertConfig(**common),
+        "T5EncoderModel": lambda: transformers.T5Config(d_model=8, num_heads=2, d_kv=4,
+                                                        d_ff=12, num_layers=2, vocab_size=30,
+                                                        is_encoder_decoder=False),
+    }
+
+
+LIBRARY_QUICK = ("GPTNeoXModel", "PhiModel")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in LIBRARY_QUICK else pytest.mark.slow)
+    for name in ("GPTNeoXModel", "PhiModel", "FalconModel", "GPT2Model", "LlamaModel",
+                 "Qwen2Model", "GemmaModel", "Gemma2Model", "OPTModel", "BertModel",
+                 "T5EncoderModel")])
+def test_a_library_model_built_and_called_with_its_defaults_agrees_with_autograd(name):
+    """No ``use_cache=False``, no attention implementation chosen: the model as
+    ``AutoModel.from_config`` builds it. (GPT-NeoX's and Phi's parallel residual read one
+    cotangent into two biases: the second's gradient was divided by the batch twice.)"""
+    transformers = pytest.importorskip("transformers")
+    config = _library_models()[name]()
+    model = (transformers.T5EncoderModel(config) if name == "T5EncoderModel"
+             else transformers.AutoModel.from_config(config))
+    model = randomise(model.to(DTYPE))
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 5, 8, generator=generator, dtype=DTYPE) for _ in range(2))
+    _agrees(model, None, T, twin=True, inputs_embeds=X)
