@@ -346,9 +346,13 @@ def clip_quick_gelu() -> Case:
                 {"attention_mask": None, "causal_attention_mask": None}, float32_inside=True)
 
 
+#: the timm module of each model class :func:`_timm` builds
+TIMM_MODULES = {"Eva": "eva", "Cait": "cait"}
+
+
 def _timm(cls: str, **options: Any) -> Case:
     import_timm()
-    module = __import__(f"timm.models.{'eva' if cls == 'Eva' else 'vision_transformer'}",
+    module = __import__(f"timm.models.{TIMM_MODULES.get(cls, 'vision_transformer')}",
                         fromlist=[cls])
     torch.manual_seed(0)
     model = getattr(module, cls)(img_size=8, patch_size=4, in_chans=3, num_classes=5,
@@ -430,6 +434,12 @@ FAMILIES: dict[str, Callable[[], Case]] = {
     "timm ViT LayerScale": lambda: _timm("VisionTransformer", init_values=0.1),
     "timm ViT qkv_bias=False": lambda: _timm("VisionTransformer", qkv_bias=False),
     "timm ViT global_pool=avg": lambda: _timm("VisionTransformer", global_pool="avg"),
+    # the mean over every token, a flattened grid of patches (n2*n2_2) with no class token
+    "timm ViT class_token=False global_pool=avg": lambda: _timm(
+        "VisionTransformer", class_token=False, global_pool="avg"),
+    # CaiT: talking-heads self-attention, then class attention (only the class token queries)
+    "timm CaiT class attention": lambda: _timm(
+        "Cait", depth_token_only=1, mlp_ratio_token_only=D_FF / D, init_values=0.1),
     "timm Eva": lambda: _timm("Eva", use_rot_pos_emb=True, swiglu_mlp=True,
                               ref_feat_shape=(2, 2)),
     "nn.TransformerDecoderLayer": decoder_layer,
