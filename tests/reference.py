@@ -84,6 +84,29 @@ class Reference:
                 rows.append(torch.cat([g.reshape(-1) for g in grads]))
         return torch.stack(rows).detach()
 
+    def diagonal(self, chunk: int = 256) -> torch.Tensor:
+        """The Hessian's diagonal by reverse over reverse, ``chunk`` rows of the Hessian at
+        once (the gradient's backward pass batched over unit cotangents), each row's own
+        entry kept: the rows of :meth:`hessian` without one backward pass per row."""
+        with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
+            flat = self._gradient(True)
+            n, parts = flat.numel(), []
+            if not flat.requires_grad:
+                return torch.zeros_like(flat).detach()
+            for start in range(0, n, chunk):
+                rows = torch.arange(start, min(start + chunk, n))
+                units = torch.zeros(len(rows), n, dtype=flat.dtype, device=flat.device)
+                units[torch.arange(len(rows)), rows] = 1
+                grads = torch.autograd.grad(flat, self.params, units, retain_graph=True,
+                                            allow_unused=True, is_grads_batched=True)
+                # (a parameter the loss does not read has no rows: zeros, unbatched
+                # where materialized by autograd)
+                block = torch.cat([flat.new_zeros(len(rows), p.numel()) if g is None
+                                   else g.reshape(len(rows), -1)
+                                   for g, p in zip(grads, self.params)], 1)
+                parts.append(block[torch.arange(len(rows)), rows])
+        return torch.cat(parts).detach()
+
     def hvp(self, v: torch.Tensor) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
             flat = self._gradient(True)
