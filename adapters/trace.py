@@ -10,6 +10,8 @@ leave free).
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import math
 import os
 import re
@@ -164,6 +166,20 @@ def fits(traced: Trace, call: Call, X: torch.Tensor, kwargs: dict) -> bool:
 
 
 @contextlib.contextmanager
+def _quiet_shapes():
+    """torch.export logs each data-dependent guard it meets and prints the partial graph of
+    a failed export; what curvgap says of the failure is the message the user reads."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def _no_kernel_hints():
     """torch's ``TransformerEncoder`` looks at a mask's values to tell whether it is causal,
     only to choose a kernel (the result is the same either way), which no trace can follow:
@@ -189,7 +205,7 @@ def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
                                    dynamic_shapes=dynamic_shapes)
 
     # with gradients on: a torch.no_grad() region of the forward shows in the graph
-    with warnings.catch_warnings(), torch.enable_grad(), _no_kernel_hints():
+    with warnings.catch_warnings(), torch.enable_grad(), _no_kernel_hints(), _quiet_shapes():
         warnings.simplefilter("ignore")
         try:
             exported = attempt(_dynamic(call, X, kwargs))
@@ -197,7 +213,7 @@ def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
             return attempt(_dynamic(call, X, kwargs, unbound)) if unbound else exported
         except Exception as first:  # noqa: BLE001 - the module fixes a size: export as given
             if _DEBUG:
-                print(f"curvgap: dynamic export failed: {first}", file=sys.stderr)
+                print(f"curvgap: dynamic export failed: {first}", file=sys.__stderr__)
             try:
                 return attempt(None)
             except Exception as error:
@@ -205,10 +221,11 @@ def export(module: torch.nn.Module, call: Call, X: torch.Tensor,
                 data_dependent = _data_dependent(module, error)
                 if data_dependent:
                     raise UnsupportedOperation(data_dependent) from None
+                first_line = str(error).splitlines()[0] if str(error) else ""
                 raise UnsupportedOperation(
-                    f"{type(module).__name__}: torch.export could not trace its forward with "
-                    f"these inputs ({type(error).__name__}: {str(error).splitlines()[0]}); "
-                    "curvgap reads a module's computation from its trace") from None
+                    f"{_failed_in(module, error)}: torch.export could not trace its forward "
+                    f"with these inputs ({type(error).__name__}: {first_line}); curvgap reads "
+                    "a module's computation from its trace") from None
 
 
 def _data_dependent(module: torch.nn.Module, error: Exception) -> str | None:
@@ -227,14 +244,7 @@ def _data_dependent(module: torch.nn.Module, error: Exception) -> str | None:
         if not symbols or m.group(1) in symbols), None)
     code = re.search(r'The following call raised this error:\n\s*File "([^"]+)", line (\d+), '
                      r'in \w+\n\s*(.+)', str(error))
-    paths = {id(m): path for path, m in module.named_modules()}
-    path = None
-    for frame, _ in traceback.walk_tb(error.__traceback__):
-        owner = frame.f_locals.get("self")
-        if frame.f_code.co_name == "forward" and id(owner) in paths:
-            path = paths[id(owner)]  # the innermost submodule whose forward runs it
-    where = (f"{path} ({type(module.get_submodule(path)).__name__})" if path
-             else type(module).__name__)
+    where = _failed_in(module, error)
     operation = f"operation {operations[-1]}" if operations else "an operation"
     source = f" of {made}'s result, whose size depends on the values" if made else ""
     line = (f" (`{code.group(3).strip()}` at {os.path.basename(code.group(1))}:"
@@ -243,6 +253,19 @@ def _data_dependent(module: torch.nn.Module, error: Exception) -> str | None:
             "and branches do not depend on tensor values (a data-dependent loop or branch, "
             "as over the experts a router chose, cannot be traced by torch.export; write it "
             "over every expert, e.g. with gather / index_select by the chosen indices)")
+
+
+def _failed_in(module: torch.nn.Module, error: Exception) -> str:
+    """The innermost submodule whose forward was running when ``error`` was raised, as
+    ``path (Class)`` (the module's class name where none was)."""
+    paths = {id(m): path for path, m in module.named_modules()}
+    path = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "forward" and id(owner) in paths and paths[id(owner)]:
+            path = paths[id(owner)]
+    return (f"{path} ({type(module.get_submodule(path)).__name__})" if path
+            else type(module).__name__)
 
 
 def _runs(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict) -> None:

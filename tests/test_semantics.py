@@ -336,3 +336,32 @@ def test_a_library_model_built_and_called_with_its_defaults_agrees_with_autograd
     generator = torch.Generator().manual_seed(0)
     X, T = (torch.randn(2, 5, 8, generator=generator, dtype=DTYPE) for _ in range(2))
     _agrees(model, None, T, twin=True, inputs_embeds=X)
+
+
+def test_a_forward_torch_export_cannot_trace_is_refused_naming_the_submodule(capfd):
+    """A branch on a tensor's value inside a block: the refusal names the block's path and
+    the line, and torch's own partial graph is not printed."""
+
+    class Branching(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                return self.linear(x)
+            return -self.linear(x)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Branching()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.blocks[0](x)
+
+    X, T = _rows()
+    with pytest.raises(UnsupportedLayer, match=r"^blocks\.0 \(Branching\): operation .*"
+                                               r"`if x\.sum\(\) > 0:`"):
+        curvgap.curvature(Model().to(DTYPE)).gradient(X, T)
+    assert "def forward" not in capfd.readouterr().err
