@@ -101,19 +101,31 @@ class Curvature:
         if not isinstance(fused, bool):
             raise TypeError(f"fused: expected True or False, got {fused!r}")
         self.module, self.loss_name, self.fused = module, loss, fused
-        self.batch_dim = 0 if _batch_first(module) else 1
-        self.names = [name for name, _ in module.named_parameters()]
         self._reads: dict[tuple, _Read] = {}
         #: what the last :meth:`diagonal` of a chain of parts cost
         #: (:class:`~curvgap.models.chain.DiagonalCost`; None for a single layer's)
         self.diagonal_cost: DiagonalCost | None = None
-        self._fingerprint = fingerprint(module)
+        self._fingerprint = ""
+        self._follow()
+
+    def _follow(self) -> None:
+        """Read the module again when what its answers depend on changed since the last call
+        (:func:`~.fingerprint.fingerprint`: its submodules, their code and attributes, its
+        parameters, their ties and ``requires_grad``): never an answer for the old module."""
+        current = fingerprint(self.module)
+        if current == self._fingerprint:
+            return
+        self._reads.clear()
+        self._fingerprint = current
+        self.batch_dim = 0 if _batch_first(self.module) else 1
+        self.names = [name for name, _ in self.module.named_parameters()]
 
     # -- reading the module ----------------------------------------------------------------------
     def _prepared(self, X: Any, T: Any, inputs: dict) -> tuple:
         """``X`` and ``T`` checked and laid out batch first, the module read for this kind of
         inputs (traced on first use), and the parameters and constants its runner takes. ``X``
         is ``None`` when the input is given by keyword (``inputs_embeds=``)."""
+        self._follow()
         keyword = None
         if X is None and "inputs_embeds" in inputs:
             keyword, inputs = "inputs_embeds", dict(inputs)
@@ -129,10 +141,6 @@ class Curvature:
         if X.ndim < 2 or X.shape[self.batch_dim] < 1:
             raise ValueError(f"X: expected a batch of samples along dimension "
                              f"{self.batch_dim}, got shape {tuple(X.shape)}")
-        current = fingerprint(self.module)
-        if current != self._fingerprint:  # the module changed: read it again
-            self._reads.clear()
-            self._fingerprint = current
         call = Call(keyword, self.batch_dim)
         key = signature(call, X, inputs)
         # a batch of one shows no batch axis to a trace: it is read (and its fixed sizes
@@ -194,6 +202,7 @@ class Curvature:
     def _wrt(self, wrt: Any) -> list[str]:
         """The module's parameters ``wrt`` names (default: all), checked, in the module's
         order."""
+        self._follow()
         if wrt is None:
             return list(self.names)
         names = [wrt] if isinstance(wrt, str) else wrt

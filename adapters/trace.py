@@ -400,8 +400,21 @@ def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module
         elif spec.target in buffers:
             values.append(buffers[spec.target])
         else:
-            values.append(exported.constants[spec.target])
+            values.append(_attribute(module, spec.target, exported.constants[spec.target]))
     return values
+
+
+def _attribute(module: torch.nn.Module, target: str, traced: Any) -> Any:
+    """The module's tensor attribute at the dotted path ``target`` as it is now (one set
+    or changed in place after the trace), else the constant the trace lifted (a tensor the
+    forward makes)."""
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor) and \
+            value.shape == traced.shape and value.dtype == traced.dtype:
+        return value
+    return traced
 
 
 def doubled(value: Any, dim: int) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import types
 
 import pytest
 import sympy as sp
@@ -150,6 +151,75 @@ def test_weights_are_read_at_call_time_and_a_changed_module_is_read_again():
     module.train()  # dropout 0.1, random: refused, naming where
     with pytest.raises(UnsupportedLayer, match=r"dropout.*training mode.*module.eval\(\)"):
         c.gradient(X, T)
+
+
+class Scaled(torch.nn.Module):
+    """``tanh(x A) B^T + b``, times a plain tensor attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(D, D, bias=False, dtype=DTYPE)
+        self.b = torch.nn.Linear(D, D, dtype=DTYPE)
+        self.scale = torch.tensor(2.0, dtype=DTYPE)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x))) * self.scale
+
+
+def _relu_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.b(torch.relu(self.a(x))) * self.scale
+
+
+def _untie(module: torch.nn.Module) -> None:
+    module.b.weight = torch.nn.Parameter(module.a.weight.detach().clone())
+
+
+def _hook(module: torch.nn.Module) -> None:
+    module.a.register_forward_hook(lambda layer, inputs, output: 2 * output)
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m, "a", torch.nn.Linear(D, D, dtype=DTYPE)),  # now with a bias
+    lambda m: setattr(m, "b", torch.nn.Linear(D, D, bias=False, dtype=DTYPE)),  # without
+    lambda m: setattr(m, "a", torch.nn.Linear(D, D, bias=False, dtype=DTYPE)),  # same shapes
+    lambda m: setattr(m.b, "weight", m.a.weight),  # tied
+    _untie,
+    lambda m: setattr(m, "scale", torch.tensor(5.0, dtype=DTYPE)),  # a tensor attribute
+    lambda m: m.scale.fill_(3.0),  # changed in place
+    lambda m: setattr(m, "forward", types.MethodType(_relu_forward, m)),  # on the instance
+    lambda m: setattr(m.b.bias, "requires_grad", False),  # frozen
+    _hook,
+], ids=["bias added", "bias removed", "submodule swapped", "tied", "untied",
+        "tensor attribute set", "tensor attribute in place", "forward replaced", "frozen",
+        "forward hook"])
+def test_a_module_changed_after_a_call_is_never_answered_with_the_old_reading(change):
+    """Each change after the first call: the next answers are the changed module's."""
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 4, D, generator=generator, dtype=DTYPE) for _ in range(2))
+    module = randomise(Scaled())
+    c = curvgap.curvature(module)
+    if change is _untie:  # untie what was tied
+        module.b.weight = module.a.weight
+        c.gradient(X, T)
+    c.gradient(X, T)
+    change(module)
+    wrt = [n for n, p in module.named_parameters() if p.requires_grad]
+    ref = Reference(module, X, T, wrt=wrt)
+    assert relative(c.loss(X, T), ref.loss().detach()) <= 1e-10
+    gradient = c.gradient(X, T, wrt=wrt)
+    assert gradient.shape == ref.gradient().shape
+    assert relative(gradient, ref.gradient()) <= 1e-10
+    assert c.gradient(X, T).numel() == sum(p.numel() for p in module.parameters())
+
+
+def test_a_class_whose_forward_is_replaced_is_read_again(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 4, D, generator=generator, dtype=DTYPE) for _ in range(2))
+    module = randomise(Scaled())
+    c = curvgap.curvature(module)
+    c.gradient(X, T)
+    monkeypatch.setattr(Scaled, "forward", _relu_forward)
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
 
 
 def test_a_hessian_operator_keeps_the_weights_it_was_built_with():
