@@ -500,9 +500,11 @@ class Reader:
     def held(self, value: Value) -> Value:
         """``value`` with a program tensor holding it: a constant declared, an elementwise
         function computed (a ``map``)."""
-        if value.tensor is None:
-            value = self.declare(Value(value.dims, constant=value.constant,
-                                       transform=value.transform))
+        if value.tensor is None:  # a constant: declared, then its function (1/c) mapped
+            declared = self.declare(Value(value.dims, constant=value.constant,
+                                          transform=value.transform))
+            value = Value(declared.dims, declared.tensor, declared.axes, value.expr,
+                          origin=value.origin)
         if value.expr == x:
             return value
         key = (value.tensor, sp.srepr(value.expr))

@@ -365,3 +365,50 @@ def test_a_forward_torch_export_cannot_trace_is_refused_naming_the_submodule(cap
                                                r"`if x\.sum\(\) > 0:`"):
         curvgap.curvature(Model().to(DTYPE)).gradient(X, T)
     assert "def forward" not in capfd.readouterr().err
+
+
+# -- constants divide as they multiply ---------------------------------------------------------
+class Divided(torch.nn.Module):
+    """A layer's output divided by a constant tensor made or held as ``how``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(D, D)
+        self.how = how
+        self.register_buffer("table", torch.linspace(1.0, 3.0, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        if self.how == "0-d tensor":
+            return y / torch.tensor(2.0, dtype=x.dtype)
+        if self.how == "buffer":
+            return torch.div(y, self.table)
+        if self.how == "sqrt of a float32 tensor":  # DeBERTa's scale, cast
+            return y / torch.sqrt(torch.tensor(3.0, dtype=torch.float) * 2).to(x.dtype)
+        mask = x[..., :1].gt(0)  # masked mean pooling over the rows x marks
+        return (y * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+@pytest.mark.parametrize("how", ["0-d tensor", "buffer", "sqrt of a float32 tensor",
+                                 "masked mean"])
+def test_a_division_by_a_constant_tensor_divides(how):
+    """``y / c`` for a constant tensor ``c`` was read as ``y · c``: every result off by
+    ``c²`` (DeBERTa's attention scale, masked mean pooling)."""
+    X, _ = _rows()
+    T = torch.randn(2, D, dtype=DTYPE) if how == "masked mean" else _rows(seed=1)[1]
+    _agrees(randomise(Divided(how).to(DTYPE)), X, T)
+
+
+@pytest.mark.parametrize("config", ["DebertaConfig", "DebertaV2Config"])
+def test_deberta_as_shipped_is_exact(config):
+    """DeBERTa's attention divides its scores by ``sqrt(tensor(d_k) · scale)``."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModel.from_config(getattr(transformers, config)(
+        hidden_size=8, num_attention_heads=2, intermediate_size=12, num_hidden_layers=2,
+        vocab_size=30, max_position_embeddings=16))
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 5, 8, generator=generator, dtype=DTYPE) for _ in range(2))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, -2:] = 0
+    _agrees(randomise(model.to(DTYPE)), None, T, twin=True, inputs_embeds=X,
+            attention_mask=mask)
