@@ -197,6 +197,18 @@ _CONSTANT_OUTPUT = {aten.detach.default, aten.zeros_like.default, aten.ones_like
                     aten.new_ones.default, aten.new_full.default, aten.new_empty.default}
 
 
+def ancestors(node: torch.fx.Node) -> set[str]:
+    """The names of ``node`` and of every node it is computed from."""
+    seen: set[str] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current.name not in seen:
+            seen.add(current.name)
+            pending.extend(current.all_input_nodes)
+    return seen
+
+
 def differentiable(graph: torch.fx.Graph, sources: set[str]) -> set[str]:
     """The nodes of ``graph`` that depend on the placeholders ``sources`` (``X``, the
     parameters) through operations autograd differentiates and hold floating-point values:
@@ -324,7 +336,9 @@ class Reader:
         self.node: torch.fx.Node | None = None
         self.vocabulary: int | None = None
         self.padding: int | None = None
-        self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of})
+        # what the output is computed from (a second output's pooler is not)
+        self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of}) & \
+            ancestors(self.source.output)
         output = None
         for node in self.graph.nodes:
             self.node = node
@@ -485,6 +499,9 @@ class Reader:
     def table(self, kind: str, dims: list[list[Axis]], details: tuple) -> Value:
         """A constant table of the program's own (a selection, a causal mask), made at call
         time from ``details`` and the extents of ``dims``."""
+        if any(self.is_batch(a) for dim in dims for a in dim):
+            raise self.refuse("a selection along a dimension that holds no batch (a reshape "
+                              "merged the batch into it: samples would mix)")
         key = (kind, details, tuple(tuple(a.size.root().order for a in dim) for dim in dims))
         if key not in self.declared:
             name = self.name(f"c_{kind}")

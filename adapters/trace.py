@@ -29,7 +29,15 @@ import torch.utils._pytree as pytree
 
 from ..derivations.program import Program
 from .parts import cut
-from .reader import Constant, Reader, Reading, UnsupportedOperation, differentiable, side_effects
+from .reader import (
+    Constant,
+    Reader,
+    Reading,
+    UnsupportedOperation,
+    ancestors,
+    differentiable,
+    side_effects,
+)
 
 _DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
 
@@ -313,7 +321,7 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
     if main is None or main.name not in live:
         raise UnsupportedOperation(f"{type(module).__name__}: expected its first output to be "
                                    "a tensor that depends on X or on the parameters")
-    live &= _ancestors(main)
+    live &= ancestors(main)
     sources = cut(graph, live, X_name, params, main, call.batch_dim)
     readings = []
     for k, source in enumerate(sources):
@@ -325,18 +333,6 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
     return Trace(exported, readings, [s.root for s in sources],
                  _constant_graph(exported, constants), X_name, fixed,
                  time.perf_counter() - start)
-
-
-def _ancestors(node: torch.fx.Node) -> set[str]:
-    """The names of ``node`` and of every node it is computed from."""
-    seen: set[str] = set()
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        if current.name not in seen:
-            seen.add(current.name)
-            pending.extend(current.all_input_nodes)
-    return seen
 
 
 def _title(module: torch.nn.Module, path: str) -> str:

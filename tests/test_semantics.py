@@ -412,3 +412,47 @@ def test_deberta_as_shipped_is_exact(config):
     mask[0, -2:] = 0
     _agrees(randomise(model.to(DTYPE)), None, T, twin=True, inputs_embeds=X,
             attention_mask=mask)
+
+
+class TwoOutputs(torch.nn.Module):
+    """Rows and, second, a pooled row through a layer of its own (MPNet's pooler)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a, self.pooler = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+        self.how = how
+
+    def forward(self, x: torch.Tensor):
+        y = torch.tanh(self.a(x))
+        if self.how == "second output":
+            return y, torch.tanh(self.pooler(y[:, 0]))
+        unused = self.pooler(y)  # noqa: F841 - computed, never returned
+        return y
+
+
+@pytest.mark.parametrize("how", ["second output", "dead code"])
+def test_parameters_only_a_second_output_reads_have_exact_zeros(how):
+    """They raised KeyError inside the derivation."""
+    module = randomise(TwoOutputs(how).to(DTYPE))
+    X, T = _rows()
+    _agrees(module, X, T)
+    gradient = curvgap.curvature(module).gradient(X, T)
+    assert gradient[-D * D - D:].abs().max() == 0
+
+
+def test_a_product_across_samples_is_refused_by_name():
+    """Rows of every sample multiplied together (the batch merged into a matrix's rows): a
+    KeyError inside the reader, now a refusal naming the operation."""
+
+    class Across(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x).reshape(-1, D)
+            return (y @ y.t()).reshape(x.shape[0], 4, -1)[..., :D]  # 4 rows a sample
+
+    X, T = _rows()
+    with pytest.raises(UnsupportedLayer, match=r"operation slice .*merged the batch"):
+        curvgap.curvature(Across().to(DTYPE)).gradient(X, T)
