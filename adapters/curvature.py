@@ -25,6 +25,7 @@ import math
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,7 @@ from ..data import is_batches, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
 from ..models.chain import DiagonalCost, overflowed, written
+from ..models.memory import check_room
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
@@ -76,11 +78,19 @@ class _Read:
         key = f"{scope} chained" if chained else scope
         if key not in self.runners:
             programs = [dataclasses.replace(p, scope=scope) for p in self.trace.programs]
+            # the blocks' generated code takes views (as_strided at a storage offset) that
+            # torch.compile cannot trace: they run unfused
+            fused = self.fused and scope == "products"
+            if self.fused and not fused:
+                warnings.warn("fused=True: Hessian blocks, Jacobians and diagonals "
+                              "(loss_hessian, diagonal, jacobian, kronecker_block) run unfused "
+                              "(torch.compile cannot trace their generated code); the loss, "
+                              "gradient and products stay fused", stacklevel=4)
             if len(programs) == 1 and scope != "products" and not chained:
-                self.runners[key] = module_for(programs[0], fused=self.fused)
+                self.runners[key] = module_for(programs[0], fused=fused)
             else:
                 self.runners[key] = Chain([(prefix[:-1], program) for prefix, program in
-                                           zip(self.prefixes, programs)], fused=self.fused)
+                                           zip(self.prefixes, programs)], fused=fused)
         return self.runners[key]
 
 
@@ -138,6 +148,7 @@ class Curvature:
         if X.is_complex() or X.dtype == torch.bool:
             raise TypeError(f"X: expected a floating-point tensor (the input the derivatives "
                             f"are taken through) or integer token ids, got dtype {X.dtype}")
+        X, T, inputs = _checked(self.module, X, T, inputs, self.batch_dim, keyword)
         if X.ndim < 2 or X.shape[self.batch_dim] < 1:
             raise ValueError(f"X: expected a batch of samples along dimension "
                              f"{self.batch_dim}, got shape {tuple(X.shape)}")
@@ -151,6 +162,7 @@ class Curvature:
         if key not in self._reads or not fits(self._reads[key].trace, call, *seen):
             self._reads[key] = self._read(call, *seen)
         read = self._reads[key]
+        _check_indices(read.trace, inputs)
         values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
         params = {name: self.module.get_parameter(source).detach()
                   for name, source in read.names.items()}
@@ -324,6 +336,25 @@ class Curvature:
                 f"the blocks between those places: use loss_hessian(wrt={tied[0]!r}) (or "
                 f"untie it)")
 
+    def _room(self, X: Any, wrt: Any) -> None:
+        """MemoryError before any work where the loss Hessian over ``wrt`` cannot fit."""
+        like = next(self.module.parameters(), None)
+        if like is None:
+            return
+        if isinstance(wrt, str) and wrt == "X":
+            if not isinstance(X, torch.Tensor) or not X.is_floating_point() or X.ndim < 2:
+                return
+            batch = X.shape[self.batch_dim]
+            n = X.numel() // max(batch, 1)
+            needed, shape = batch * n * n * X.element_size(), f"({batch}, {n}, {n})"
+        else:
+            n = sum(self.module.get_parameter(name).numel() for name in self._wrt(wrt))
+            needed, shape = n * n * like.element_size(), f"({n}, {n})"
+        check_room(needed, like.device, f"loss_hessian: the {shape} Hessian",
+                   "hessian_operator(X, T) (its products, for eigsh or CG), "
+                   "loss_hessian(X, T, wrt=[...]) for the block of a few parameters, or "
+                   "diagonal(X, T) for its diagonal (max_memory= bounds its work)")
+
     def _selection(self, read: _Read, wrt: Any) -> tuple[list, list[str], int]:
         pieces = self._pieces(read, self._wrt(wrt))
         return pieces, self._used(read, pieces), sum(size for *_, size in pieces)
@@ -375,6 +406,7 @@ class Curvature:
         """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
         module's order, blocks between parts included; ``part`` ``"full"``,
         ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per sample ``(B, n_X, n_X)``."""
+        self._room(X, wrt)
         X, T, read, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
             return read.runner("blocks").loss_hessian(params, X, T, wrt="X", part=part)
@@ -408,12 +440,12 @@ class Curvature:
         return self._product("gnvp", X, T, v, wrt, inputs)
 
     def _product(self, kind: str, X: Any, T: Any, v: Any, wrt: Any, inputs: dict) -> Any:
+        v = _tensor(v, X)
         X, T, read, params = self._prepared(X, T, inputs)
         product = getattr(read.runner(), kind)
         if isinstance(wrt, str) and wrt == "X":
-            return product(params, X, T, _tensor(v, X), wrt="X")
+            return product(params, X, T, v, wrt="X")
         pieces, used, n = self._selection(read, wrt)
-        v = _tensor(v, X)
         if v.ndim not in (1, 2) or v.shape[0] != n or (v.ndim == 2 and v.shape[1] == 0):
             raise ValueError(f"v: expected shape ({n},) or ({n}, k) with k >= 1 (the entries "
                              f"of {wrt or 'every parameter'} in the module's order), got shape "
@@ -575,7 +607,96 @@ def _tensor(v: Any, X: torch.Tensor) -> torch.Tensor:
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"v: expected a torch.Tensor (of X's dtype and device), got "
                         f"{type(v).__name__}")
-    return v
+    _finite("v", v)
+    return v.detach()
+
+
+def _finite(name: str, value: torch.Tensor) -> None:
+    """ValueError naming the first entry of ``value`` that is NaN or inf."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        at = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
+        what = "NaN" if bool(torch.isnan(value[at])) else "inf"
+        raise ValueError(f"{name}: expected finite values, got {what} at index "
+                         f"{at[0] if len(at) == 1 else at}")
+
+
+#: keyword inputs with one entry per sample and position of X, ``(B, L)``
+_PER_POSITION = ("attention_mask", "src_key_padding_mask", "key_padding_mask",
+                 "tgt_key_padding_mask", "token_type_ids", "position_ids")
+
+
+def _meta(name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        raise ValueError(f"{name}: expected a tensor with data (cpu or cuda), got a meta "
+                         f"tensor")
+
+
+def _checked(module: torch.nn.Module, X: torch.Tensor, T: Any, inputs: dict, batch_dim: int,
+             keyword: str | None) -> tuple[torch.Tensor, Any, dict]:
+    """The call's inputs checked before any work (no meta tensors, token ids of shape
+    ``(B, L)``, a batch of sequences, keyword inputs of X's batch and length) and detached
+    (the derivatives do not depend on their autograd state); token ids as int64."""
+    name = keyword or "X"
+    _meta(name, X)  # (a meta target is refused by the loss, with its own words)
+    for key, value in inputs.items():
+        _meta(key, value)
+    meta = next((n for n, p in module.named_parameters() if p.device.type == "meta"), None)
+    if meta is not None:
+        raise ValueError(f"module: expected parameters with data (cpu or cuda), got a meta "
+                         f"tensor for {meta!r} (materialise it: module.to_empty(device=...) "
+                         f"and load its weights)")
+    X = X.detach()
+    T = T.detach() if isinstance(T, torch.Tensor) else T
+    inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    if not X.is_floating_point():
+        if X.ndim > 2 and X.shape[-1] == 1:  # (B, L, 1)
+            raise ValueError(f"{name}: expected token ids of shape (B, L), got shape "
+                             f"{tuple(X.shape)}")
+        X = X.long()
+        batch, length = X.shape if X.ndim == 2 else (None, None)
+    elif X.ndim == 3:
+        batch, length = X.shape[batch_dim], X.shape[1 - batch_dim]
+    else:
+        batch = length = None
+        if X.ndim == 2 and any(isinstance(m, torch.nn.MultiheadAttention)
+                               for m in module.modules()):
+            layout, one = ("(B, L, d)", "unsqueeze(0)") if batch_dim == 0 else (
+                "(L, B, d)", "unsqueeze(1)")
+            raise ValueError(f"{name}: expected shape {layout} (a batch of sequences; "
+                             f"{type(module).__name__} reads a 2-D input as one sequence "
+                             f"without a batch), got shape {tuple(X.shape)}; for one "
+                             f"sequence pass {name}.{one}")
+    if batch is not None and inputs.get("past_key_values") is None:
+        for key in _PER_POSITION:
+            value = inputs.get(key)
+            if not isinstance(value, torch.Tensor) or value.ndim != 2:
+                continue
+            ones = key == "position_ids" and value.shape[0] == 1
+            if value.shape[1] != length or (value.shape[0] != batch and not ones):
+                also = f" or (1, {length})" if key == "position_ids" else ""
+                raise ValueError(f"{key}: expected shape ({batch}, {length}){also} to match "
+                                 f"{name}'s batch and sequence, got {tuple(value.shape)}")
+    return X, T, inputs
+
+
+def _check_indices(traced: Trace, inputs: dict) -> None:
+    """ValueError naming a keyword input of indices into a table (``position_ids``) that
+    has one outside the table."""
+    for reading in traced.readings:
+        for constant in reading.constants:
+            kind, _, arg = constant.transform.partition(":")
+            value = inputs.get(constant.node) if isinstance(constant.node, str) else None
+            if kind not in ("one_hot", "index") or not isinstance(value, torch.Tensor) \
+                    or not value.numel():
+                continue
+            rows = int(arg.partition(":")[0])
+            low = -rows if kind == "index" else 0
+            outside = (value < low) | (value >= rows)
+            if bool(outside.any()):
+                at = tuple(int(i) for i in outside.nonzero()[0])
+                raise ValueError(f"{constant.node}: expected indices in [{low}, {rows}) (the "
+                                 f"module's table has {rows} rows), got {int(value[at])} at "
+                                 f"index {at[0] if len(at) == 1 else at}")
 
 
 def _dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:

@@ -1375,7 +1375,10 @@ class Reader:
 
     @reads(aten.softmax.int, aten._softmax.default)
     def _read_softmax(self, node, source, dim, *rest, **kwargs) -> Value:
-        return self.softmax(self.value(source), dim, node.name)
+        value = self.value(source)
+        if not self.leaf_dims(value)[dim % len(value.dims)]:  # over one entry: 1, a constant
+            return Value(value.dims, constant=node.name)
+        return self.softmax(value, dim, node.name)
 
     def _normalise(self, node, source, count: int, eps: float, centred: bool,
                    weight=None, bias=None, offset: float = 0) -> Value:
@@ -1480,18 +1483,22 @@ class Reader:
             scale = 1 / sp.sqrt(sp.Mul(*[_symbol(a.size) for a in width]))
         else:
             scale = _number(scale)
+        # one key (a sequence of length 1): its softmax weight is 1 (0 where a mask drops it)
+        single = not key
         cq, vq = self.scaled(Q)
         ck, vk = self.scaled(K)
         score_sizes = batch_sizes + [[a.size.root() for a in query], [a.size.root() for a in key]]
-        scores = self.emit(score_sizes, batch_labels + [i, j], [(scale * cq * ck, [
-            self.operand(vq, lq + [i, e]), self.operand(vk, lk + [j, e])])],
+        scores = None if single else self.emit(score_sizes, batch_labels + [i, j], [(
+            scale * cq * ck, [self.operand(vq, lq + [i, e]), self.operand(vk, lk + [j, e])])],
             f"{node.name}_scores")
         kept = None
         if attn_mask is not None and self.value(attn_mask).constant is None:
             # a mask computed from the parameters (a relative-position bias): a term of the
             # scores like any other
-            cm, vm = self.scaled(self.value(attn_mask))
-            scores = self.combine([scores, vm], [(1, [0]), (cm, [1])], f"{node.name}_biased")
+            if not single:
+                cm, vm = self.scaled(self.value(attn_mask))
+                scores = self.combine([scores, vm], [(1, [0]), (cm, [1])],
+                                      f"{node.name}_biased")
         elif attn_mask is not None:
             mask = self.value(attn_mask)
             # a row with every key masked attends to nothing (torch's safe softmax): its
@@ -1501,22 +1508,26 @@ class Reader:
                          transform="rows_kept" if boolean else "rows_finite")
             mask = Value(mask.dims, constant=mask.constant,
                          transform="additive_keep" if boolean else "additive_safe")
-            scores = self.combine([scores, mask], [(1, [0]), (1, [1])], f"{node.name}_masked")
-        if is_causal:
+            if not single:
+                scores = self.combine([scores, mask], [(1, [0]), (1, [1])],
+                                      f"{node.name}_masked")
+        if is_causal and not single:
             leaves = self.leaf_dims(scores)
             causal = self.table("causal", [[Axis(a.size.root()) for a in leaves[-2]],
                                            [Axis(a.size.root()) for a in leaves[-1]]], ())
             scores = self.combine([scores, causal], [(1, [0]), (1, [1])], f"{node.name}_causal")
-        weights = self.softmax(scores, -1, f"{node.name}_weights")
-        factors = [weights, V] + ([kept] if kept is not None else [])
+        weights = None if single else self.softmax(scores, -1, f"{node.name}_weights")
+        # (one key: Q's batch dimensions stand in for the weights' in the broadcast)
+        factors = [self._with_dims(Q, Q.dims[:-2] + [[], []]) if single else weights, V] + (
+            [kept] if kept is not None else [])
         sizes, (labels, *batch_labels) = self.broadcast(
             [self._with_dims(t, t.dims[:-2]) for t in factors])
         rows = self.out_labels([[a.size.root() for a in query]])[0]
         keys = [self.label() for _ in key]
         cv, vv = self.scaled(V)
         out_sizes = sizes + [[a.size.root() for a in query], [a.size.root() for a in value_width]]
-        operands = [self.operand(weights, batch_labels[0] + [rows, keys]),
-                    self.operand(vv, batch_labels[1] + [keys, f])]
+        operands = ([] if single else [self.operand(weights, batch_labels[0] + [rows, keys])]
+                    ) + [self.operand(vv, batch_labels[1] + [keys, f])]
         if kept is not None:
             query_dim = rows if self.leaf_dims(kept)[-2] else []  # a mask broadcast over rows
             operands.append(self.operand(kept, batch_labels[2] + [query_dim, []]))
@@ -1561,6 +1572,7 @@ class Reader:
             return Input(name, tuple(named(a.size) for a in self.axes_of(name)),
                          shape(dims), batched, self.params.get(name, ""))
 
+        self._pruned(output.tensor)
         read = {name for op in self.ops for name in
                 ([t for _, operands in op.get("terms", ()) for t, _ in operands]
                  + ([op["source"][0]] if "source" in op else []))}
@@ -1621,6 +1633,19 @@ class Reader:
         return Reading(program, recipes, {tensor[n]: source for n, source in
                                           self.params.items() if n in read}, symbols, at,
                        self.vocabulary, self.padding)
+
+    def _pruned(self, output: str) -> None:
+        """Drop the operations the output does not depend on (the queries and keys of an
+        attention over one key, whose weight is 1)."""
+        needed = {output} | {t for t, s_, _ in self.guards} | {s_ for _, s_, _ in self.guards}
+        kept = []
+        for op in reversed(self.ops):
+            if op["out"] in needed:
+                kept.append(op)
+                needed.update(t for _, operands in op.get("terms", ()) for t, _ in operands)
+                if "source" in op:
+                    needed.add(op["source"][0])
+        self.ops = kept[::-1]
 
     @staticmethod
     def _extent_named(name: str, names: dict[Size, str]) -> int | sp.Expr:

@@ -481,6 +481,16 @@ def _transformed(values: list[torch.Tensor], transform: str,
     (value,) = values
     if kind in ("one_hot", "index"):  # an index counts from the end if < 0
         classes, _, padding = arg.partition(":")
+        low = -int(classes) if kind == "index" else 0
+        if value.numel() and (int(value.min()) < low or int(value.max()) >= int(classes)):
+            # indices the module makes from X's shape (its positions) past the table's rows
+            length = value.shape[-1] if value.ndim else 1
+            raise ValueError(
+                f"X: a sequence of {length} positions, but the module's position table has "
+                f"{classes} rows" if low == 0 and int(value.min()) >= 0 and
+                int(value.max()) == length - 1 else
+                f"X: the module reads rows {int(value.min())} to {int(value.max())} of a "
+                f"table of {classes} rows (expected indices in [{low}, {classes}))")
         value = value.long() % int(classes) if kind == "index" else value.long()
         hot = torch.nn.functional.one_hot(value, int(classes)).to(X.dtype)
         return hot * (value != int(padding)).unsqueeze(-1).to(X.dtype) if padding else hot

@@ -6,6 +6,7 @@ whose one line names the argument, what was expected and what was given."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from ..codegen import output
@@ -87,6 +88,7 @@ def _results_folder(args: argparse.Namespace) -> Path:
     """The ``--out`` of ``bench`` or ``reproduce``: a folder or a path where one can be made,
     none of the files the run writes there a symbolic link or a folder."""
     folder = _folder(args.out)
+    _writable(folder)
     if args.command == "reproduce":
         from ..analysis.reproduce import FIGURES  # (its import builds a model)
 
@@ -103,3 +105,16 @@ def _results_folder(args: argparse.Namespace) -> Path:
         names = ["bench.json", "bench.png"]
     output.check_files(folder, names)
     return folder
+
+
+def _writable(folder: Path) -> None:
+    """:class:`~curvgap.codegen.output.OutputError` unless ``folder`` can be made and a file
+    written in it, tried now (permission bits do not tell, for root or /proc)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise output.OutputError(f"--out: expected a folder that can be made and written, got "
+                                 f"{str(folder)!r} ({type(error).__name__}: "
+                                 f"{error.strerror or error})") from None

@@ -91,14 +91,14 @@ def _progress(batches: Iterable, what: str) -> Iterable:
                 total=length, disable=True if here is not None and here[0] != 0 else None)
 
 
-def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str
-         ) -> tuple[Array | None, int]:
+def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
+         batch_dim: int = 0) -> tuple[Array | None, int]:
     """``Σ_i B_i compute(X_i, T_i)`` over the batches (``None`` if none has a sample) and
-    ``Σ_i B_i``."""
+    ``Σ_i B_i`` (``B_i``: the size of ``X_i`` along ``batch_dim``)."""
     total, count = None, 0
     for index, batch in enumerate(_progress(batches, what)):
         X, T = _pair(batch, index)
-        size = int(X.shape[0])
+        size = int(X.shape[batch_dim])
         if size == 0:
             continue
         value = compute(X, T)
@@ -113,20 +113,21 @@ def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str
 
 
 def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
-         arguments: Any = ()) -> Array:
+         arguments: Any = (), batch_dim: int = 0) -> Array:
     """``Σ_i B_i compute(X_i, T_i) / Σ_i B_i`` over ``batches`` (and over every rank's
     shard when a process group is initialised; then ``arguments``, the call's other
-    inputs, must be equal on every rank). ``what`` names the function in errors."""
+    inputs, must be equal on every rank; ``batch_dim``: the samples' axis of ``X``).
+    ``what`` names the function in errors."""
     here = current()
     if here is None:
-        total, count = _sum(batches, compute, what)
+        total, count = _sum(batches, compute, what, batch_dim)
         if count == 0:
             raise ValueError(f"X: expected batches with at least one sample in all, got none "
                              f"({what} over an empty dataset)")
         return total / count
     total, count, failure = None, 0, None
     try:
-        total, count = _sum(batches, compute, what)
+        total, count = _sum(batches, compute, what, batch_dim)
     except Exception as error:  # reaches the collective, so the other ranks learn of it
         failure = error
     layout = None if total is None else (tuple(total.shape), str(total.dtype))
@@ -239,7 +240,9 @@ def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
                 return method(*bound.args, **bound.kwargs)
 
             agreed = (others, state(args[0])) if state is not None else others
-            return mean(batches, compute, method.__name__, agreed)
+            # (a module that takes its batch second, X of shape (L, B, d), says so)
+            return mean(batches, compute, method.__name__, agreed,
+                        getattr(args[0], "batch_dim", 0))
 
         return _dispatching(method, over)
 

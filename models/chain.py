@@ -48,7 +48,7 @@ from ..data import over_batches
 from ..data.ranks import current
 from ..derivations.config import Config
 from ..derivations.program import Program
-from .memory import peak_bytes
+from .memory import check_room, peak_bytes
 
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
@@ -705,6 +705,10 @@ class Chain:
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         dense = self._dense_bytes(layers, inputs, chosen, lowest)
         if chunk is None and dense <= budget:
+            check_room(dense, X.device if isinstance(X, torch.Tensor) else "cpu",
+                       f"diagonal: the dense route that max_memory ({budget} bytes) allows",
+                       "a max_memory below the memory at hand (default 2 GiB: the columns "
+                       "go through the model in chunks)")
             self.diagonal_cost = DiagonalCost("dense", X.shape[0], self.depth)
             pieces, diag_X = self._diagonal_dense(layers, inputs, g, target, chosen, lowest,
                                                   to_input, part)

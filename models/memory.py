@@ -9,6 +9,7 @@ which numpy reports its buffers."""
 from __future__ import annotations
 
 import contextlib
+import os
 import tracemalloc
 import weakref
 from collections.abc import Callable
@@ -72,3 +73,33 @@ def peak_bytes(call: Callable[[], Any], backend: str) -> int:
     with stance, _LiveStorages() as live:
         call()
     return live.peak
+
+
+def memory_at_hand(device: Any = "cpu") -> int:
+    """The memory of ``device`` in bytes: a GPU's total, else the machine's physical memory
+    (``/proc/meminfo``'s or sysconf's)."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return 2**62
+
+
+def _size(count: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
+        if count < 1000 or unit == "PB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.3g} {unit}"
+        count /= 1000
+    return ""
+
+
+def check_room(needed: int, device: Any, what: str, instead: str) -> None:
+    """:class:`MemoryError` before any work where ``needed`` bytes (``what``) exceed the
+    memory of ``device``, naming the calls that compute it in parts (``instead``)."""
+    have = memory_at_hand(device)
+    if needed > have:
+        raise MemoryError(f"{what} takes {_size(needed)} ({needed} bytes), more than the "
+                          f"{_size(have)} of memory at hand ({torch.device(device).type}); "
+                          f"compute it in parts: {instead}")
