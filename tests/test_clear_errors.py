@@ -186,6 +186,7 @@ def test_meta_tensors_are_refused():
 
 
 # 10. fused blocks ----------------------------------------------------------------------------------
+@pytest.mark.slow  # torch.compile: seconds
 def test_fused_blocks_run_unfused_and_say_so():
     layer, (X, T) = _layer(), _rows(L=3)
     ref = Reference(layer, X, T)
