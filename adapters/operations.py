@@ -115,14 +115,8 @@ def _pad_dim(self, node, value: Value, dim: int, before: int, after: int, extent
     out_size = self.size((node.name, "padded", dim), extent).leaves()
     shift = self.table("shift", [[Axis(s) for s in out_size],
                                  [Axis(a.size.root()) for a in part]], ("shift", before))
-    sizes = [[a.size.root() for a in d] for d in leaves]
-    sizes[dim] = out_size
-    labels = self.out_labels(sizes)
-    inner = [self.label() for _ in part]
-    value_labels = [list(d) for d in labels]
-    value_labels[dim] = inner
-    coeff, base = self.scaled(value)
-    terms = [(coeff, [self.operand(base, value_labels), self.operand(shift, [labels[dim], inner])])]
+    sizes, labels, term = self.through_table(value, dim, shift, out_size)
+    terms = [term]
     if fill != 0:
         border = self.table("border", [[Axis(s) for s in out_size]],
                             ("border", max(before, 0), max(after, 0)))

@@ -739,18 +739,26 @@ class Reader:
         out_dim = [] if pick else self.size((key, "selected"), out_extent).leaves()
         table = self.table("select", [[Axis(s) for s in out_dim],
                                       [Axis(a.size.root()) for a in source]], details)
-        sizes = [[a.size.root() for a in d] for d in self.leaf_dims(value)]
-        sizes[dim] = out_dim
-        labels = self.out_labels(sizes)
-        inner = [self.label() for _ in source]
-        value_labels = [list(d) for d in labels]
-        value_labels[dim] = inner
-        coeff, base = self.scaled(value)
-        terms = [(coeff, [self.operand(base, value_labels),
-                          self.operand(table, [labels[dim], inner])])]
+        sizes, labels, term = self.through_table(value, dim, table, out_dim)
+        terms = [term]
         if pick:  # the picked dimension is gone
             sizes, labels = sizes[:dim] + sizes[dim + 1:], labels[:dim] + labels[dim + 1:]
         return self.emit(sizes, labels, terms, key)
+
+    def through_table(self, value: Value, dim: int, table: Value, out_dim: list[Size]
+                      ) -> tuple[list, list, tuple]:
+        """``value``'s dimension ``dim`` multiplied by ``table[out, in]`` (``out`` of the
+        classes ``out_dim``): the result's sizes and labels, and the term."""
+        leaves = self.leaf_dims(value)
+        sizes = [[a.size.root() for a in d] for d in leaves]
+        sizes[dim] = out_dim
+        labels = self.out_labels(sizes)
+        inner = [self.label() for _ in leaves[dim]]
+        value_labels = [list(d) for d in labels]
+        value_labels[dim] = inner
+        coeff, base = self.scaled(value)
+        return sizes, labels, (coeff, [self.operand(base, value_labels),
+                                       self.operand(table, [labels[dim], inner])])
 
     def _chunk(self, key: str, value: Value, dim: int, count: int, k: int) -> Value | None:
         """Chunk ``k`` of ``count`` equal ones along ``dim``: the dimension factored into
