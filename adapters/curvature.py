@@ -41,6 +41,7 @@ from ..models.memory import check_room
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
 from .fingerprint import fingerprint
+from .narrowing import OwnForward, narrowing
 from .trace import Call, Trace, constants, doubled, fits, signature, trace
 
 
@@ -126,6 +127,7 @@ class Curvature:
         if current == self._fingerprint:
             return
         self._reads.clear()
+        self._own_forward = OwnForward()
         self._fingerprint = current
         self.batch_dim = 0 if _batch_first(self.module) else 1
         self.names = [name for name, _ in self.module.named_parameters()]
@@ -163,6 +165,10 @@ class Curvature:
             self._reads[key] = self._read(call, *seen)
         read = self._reads[key]
         _check_indices(read.trace, inputs)
+        how = narrowing(self.module, X, read.trace.readings)
+        if how is not None:
+            self._own_forward.check(self.module, call, X, inputs,
+                                    read.trace.readings[-1].batch_dim, how)
         values = constants(read.trace, self.module, call, X, inputs, _dims(read.trace, X))
         params = {name: self.module.get_parameter(source).detach()
                   for name, source in read.names.items()}

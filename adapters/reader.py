@@ -113,6 +113,10 @@ class Reading:
     #: the embedding's padding index among those ids: its one-hot rows are zeros (torch's
     #: backward leaves the table's row alone), the row itself a constant of the program
     padding: int | None = None
+    #: where the module computes in a narrower float than its input (``"float32 (cast from
+    #: float64 before softmax)"``; empty where it does not): the program computes in the wider one,
+    #: so where the module's narrower numbers overflow, the two differ
+    narrowing: str = ""
 
 
 def _identifier(name: str) -> str:
@@ -336,6 +340,7 @@ class Reader:
         self.node: torch.fx.Node | None = None
         self.vocabulary: int | None = None
         self.padding: int | None = None
+        self.narrowing = ""
         # what the output is computed from (a second output's pooler is not)
         self.differentiable = differentiable(self.graph, {self.source.X, *self.param_of}) & \
             ancestors(self.source.output)
@@ -717,6 +722,14 @@ class Reader:
            aten.lift_fresh_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device,
            aten._to_copy.default, aten.type_as.default, aten.detach_.default)
     def _read_same(self, node, source, *args, **kwargs) -> Value:
+        wide, narrow = source.meta["val"].dtype, node.meta["val"].dtype
+        if (not self.narrowing and wide.is_floating_point and narrow.is_floating_point
+                and torch.finfo(narrow).max < torch.finfo(wide).max):
+            users = ", ".join(sorted({str(u.target).split(".")[-2].lstrip("_")
+                                      for u in node.users if u.op == "call_function"}))
+            self.narrowing = (f"{str(narrow).removeprefix('torch.')} (cast from "
+                              f"{str(wide).removeprefix('torch.')}"
+                              + (f" before {users})" if users else ")"))
         return self.value(source)
 
     @reads(aten.dropout.default, aten.native_dropout.default)
@@ -1640,7 +1653,7 @@ class Reader:
                    if not isinstance(size.extent, int)}
         return Reading(program, recipes, {tensor[n]: source for n, source in
                                           self.params.items() if n in read}, symbols, at,
-                       self.vocabulary, self.padding)
+                       self.vocabulary, self.padding, self.narrowing)
 
     def _pruned(self, output: str) -> None:
         """Drop the operations the output does not depend on (the queries and keys of an

@@ -465,3 +465,77 @@ def test_a_product_across_samples_is_refused_by_name():
     X, T = _rows()
     with pytest.raises(UnsupportedLayer, match=r"operation slice .*merged the batch"):
         curvgap.curvature(Across().to(DTYPE)).gradient(X, T)
+
+
+# -- where the module's own numbers are not finite ---------------------------------------------
+def _llama(**options):
+    """A float64 Llama decoder in eager attention: its RMSNorm and softmax compute in float32
+    inside, where float64's ``finfo.min`` mask is ``-inf``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=8, intermediate_size=12,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=16,
+                                      attn_implementation="eager", **options)
+    return randomise(transformers.LlamaModel(config).to(DTYPE))
+
+
+def test_a_sample_the_module_itself_gives_nan_for_is_refused_by_name():
+    """A sample of padding only, and a left-padded one under the causal mask, leave rows of
+    attention with no key: the module's float32 softmax gives NaN there (the program, in
+    float64 throughout, would give finite numbers the module never computes)."""
+    model = _llama()
+    ids = torch.tensor([[3, 9, 23, 7, 1], [5, 6, 7, 8, 9], [4, 4, 12, 30, 2]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        own = model(ids, attention_mask=mask).last_hidden_state
+    assert own[0].isfinite().all() and own[1:].isnan().flatten(1).any(1).all()
+    T = torch.randn(3, 5, 8, dtype=DTYPE)
+    c = curvgap.curvature(model)
+    for call in (lambda: c.forward(ids, attention_mask=mask),
+                 lambda: c.gradient(ids, T, attention_mask=mask)):
+        with pytest.raises(ValueError, match=r"X: LlamaModel's own forward gives NaN for "
+                                             r"samples 1, 2 of 3: it computes in float32 "
+                                             r"\(cast from float64.*Leave those samples out"):
+            call()
+
+
+def test_a_batch_the_module_computes_is_answered_and_checked_again_when_changed():
+    """Right padding leaves every query a key: the answer is autograd's (on the float64
+    twin); the same mask then changed in place to pad a whole sample is checked again."""
+    model = _llama()
+    ids = torch.tensor([[3, 9, 23, 7, 1], [5, 6, 7, 8, 9]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    T = torch.randn(2, 5, 8, dtype=DTYPE)
+    _agrees(model, ids, T, twin=True, attention_mask=mask)
+    c = curvgap.curvature(model)
+    c.gradient(ids, T, attention_mask=mask)
+    mask[0] = 0
+    with pytest.raises(ValueError, match=r"own forward gives NaN for sample 0 of 2"):
+        c.gradient(ids, T, attention_mask=mask)
+
+
+def test_a_half_precision_module_that_overflows_is_refused_by_name():
+    """float16 computed by curvgap in float32: where the module's own float16 numbers
+    overflow (a square past 65504), it says so rather than answer with numbers the module
+    does not compute; a parameter changed in place is checked again."""
+
+    class Squares(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            return (y * y).softmax(-1)
+
+    module = Squares().half()
+    X = torch.randn(2, 4, D, generator=torch.Generator().manual_seed(0)).half()
+    T = torch.rand(2, 4, D, generator=torch.Generator().manual_seed(1)).half()
+    c = curvgap.curvature(module)
+    assert c.gradient(X, T).isfinite().all()
+    with torch.no_grad():
+        module.a.weight.mul_(1e3)
+        assert not module(X).isfinite().all()
+    with pytest.raises(ValueError, match=r"own forward gives (NaN|inf).* of 2: it computes "
+                                         r"in float16, .* curvgap computes in float32"):
+        c.gradient(X, T)
