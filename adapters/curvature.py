@@ -36,7 +36,8 @@ from ..codegen.cache import module_for
 from ..data import is_batches, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
-from ..models.chain import DiagonalCost, overflowed, written
+from ..models.arrays import overflowed, written
+from ..models.diagonal import DiagonalCost
 from ..models.memory import check_room
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
@@ -90,8 +91,8 @@ class _Read:
             if len(programs) == 1 and scope != "products" and not chained:
                 self.runners[key] = module_for(programs[0], fused=fused)
             else:
-                self.runners[key] = Chain([(prefix[:-1], program) for prefix, program in
-                                           zip(self.prefixes, programs)], fused=fused)
+                self.runners[key] = Chain.generate([(prefix[:-1], program) for prefix, program
+                                                    in zip(self.prefixes, programs)], fused=fused)
         return self.runners[key]
 
 

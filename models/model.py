@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..codegen.resources import MODEL_CONFIGS
-from .chain import Chain
+from .chain import Chain, generated
 from .config import ModelConfig, load_model
 
 
@@ -23,4 +23,4 @@ class Model(Chain):
         if not isinstance(config, ModelConfig):
             config = load_model(config)
         self.config = config
-        super().__init__(config.parts(), backend, config.ties())
+        super().__init__(generated(config.parts(), backend), backend, config.ties())

@@ -16,7 +16,7 @@ from reference import Reference, randomise, relative
 
 import curvgap
 from curvgap.models import Chain
-from curvgap.models.chain import _most_that_fit
+from curvgap.models.diagonal import most_that_fit
 
 DTYPE = torch.float64
 
@@ -156,7 +156,7 @@ def test_the_units_chosen_are_the_most_that_fit_and_no_measure_passes_the_budget
         return work(units)
 
     most = 5000
-    units = _most_that_fit(held, work(1), most, budget)
+    units = most_that_fit(held, work(1), most, budget)
     assert max(work(u) for u in measured) <= budget
     assert work(units) <= budget
     assert units == most or work(units + 1) > budget
@@ -208,7 +208,7 @@ def test_bad_budgets_are_refused_by_name():
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
     module = generated_module("rmsnorm_block", backend)
-    chain = Chain([("", SHIPPED["rmsnorm_block"])], backend)
+    chain = Chain.generate([("", SHIPPED["rmsnorm_block"])], backend)
     generator = torch.Generator().manual_seed(5)
     shapes = chain.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
     params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7
@@ -240,7 +240,7 @@ def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 def test_a_stack_in_chunks_agrees_with_the_dense_route(backend):
-    stack = Chain([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], backend)
+    stack = Chain.generate([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], backend)
     generator = torch.Generator().manual_seed(6)
     shapes = stack.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
     params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7

@@ -394,9 +394,9 @@ def test_tied_sizes_and_ties_are_checked():
         model.parameter_shapes({**TIED_CASES["tie_embeddings"][1], "c": 7})
     parts = model.config.parts()
     with pytest.raises(ValueError, match=r"ties: expected names of the parts' parameters"):
-        Chain(parts, ties={"head.W_X": "embedding.W_E.T"})
+        Chain.generate(parts, ties={"head.W_X": "embedding.W_E.T"})
     with pytest.raises(ValueError, match=r"tied to an untied parameter"):
-        Chain(parts, ties={"head.W_H": "embedding.W_E.T", "embedding.W_E": "head.b_H"})
+        Chain.generate(parts, ties={"head.W_H": "embedding.W_E.T", "embedding.W_E": "head.b_H"})
     with pytest.raises(ConfigError, match=r"'share_relative_bias' shares the blocks' E_rel: "
                                           r"it needs relative_bias = true"):
         validate_model({**TABLE, "share_relative_bias": True})
@@ -427,9 +427,10 @@ def test_the_model_check_sees_a_tie_left_out(monkeypatch):
     """The model check fails when the chain drops a tied place's share (its reference reads
     the tied parameter in every place)."""
     from curvgap.models import verify
+    from curvgap.models.ties import Ties
 
-    monkeypatch.setattr(Chain, "_folded", lambda self, pieces, out=None: {
-        k: v for k, v in pieces.items() if k not in self.ties})
+    monkeypatch.setattr(Ties, "folded", lambda self, pieces, out=None: {
+        k: v for k, v in pieces.items() if k not in self})
     errors = verify.check_model(validate_model(TIED), "torch", TIED_CASES["tie_embeddings"][1])
     assert errors["gradient"] > 1e-3 and errors["hvp"] > 1e-3
 

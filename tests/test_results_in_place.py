@@ -19,7 +19,7 @@ SIZES = {"L": 3, "d": 6, "d_k": 4, "d_ff": 5}
 def _point(backend: str):
     """The generated rmsnorm block, its parameters, a batch of 2, a target and a direction."""
     module = generated_module("rmsnorm_block", backend)
-    shapes = Chain([("", SHIPPED["rmsnorm_block"])], backend).parameter_shapes(SIZES)
+    shapes = Chain.generate([("", SHIPPED["rmsnorm_block"])], backend).parameter_shapes(SIZES)
     generator = torch.Generator().manual_seed(11)
     params, v = ({name: torch.randn(shape, generator=generator, dtype=torch.float64)
                   for name, shape in shapes.items()} for _ in range(2))

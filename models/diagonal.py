@@ -1,0 +1,384 @@
+"""The diagonal of a chain's loss Hessian in bounded memory (:meth:`Chain.diagonal
+<curvgap.models.chain.Chain.diagonal>`), never forming a block over parameters.
+
+With ``M_k`` the curvature at part ``k``'s output (per sample) and ``S_j`` part ``j``'s own
+input Hessian against its cotangent (the top part's against the loss), the chain rule gives
+``M_{k-1} = S_k + J_X^T M_k J_X`` and, per part ``k``,
+
+    diag H(θ_k, θ_k) = diag(part k's own, against g_k) + mean_b diag(J_θ^T M_k J_θ).
+
+The **dense** route carries ``M_k`` down (``B n_Z²`` numbers at once). The **chunked** route
+never forms it: unrolled, ``M_k = Σ_{j>k} Q_{jk}^T S_j Q_{jk}`` with ``Q_{jk} = ∂Z_{j-1}/∂Z_k``,
+so with ``Q = ∂Z_{j-1}/∂θ_k`` and ``S = Σ_c S e_c e_c^T``
+
+    diag(Q^T S Q) = Σ_c (Q^T S e_c) ∘ (Q^T e_c):
+
+per sample, columns ``e_c`` of the identity at the input of each source part ``j`` go in chunks
+through its second derivative (``S e_c``), and each pair ``(S e_c, e_c)`` down the parts below
+it by transposed Jacobians (per sample), the products of the pair's parameter cotangents summed.
+The Gauss–Newton part has only the top part's ``S``. Each part's own diagonal is taken a few
+rows of a parameter at a time. The chunks and the rows are as many as the budget holds
+(:func:`most_that_fit`, measured by :func:`~curvgap.models.memory.peak_bytes`); what a call did
+is a :class:`DiagonalCost`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..data.ranks import current
+from .arrays import ARRAYS, Array
+from .memory import check_room, peak_bytes
+
+#: The default bound, in bytes, on what :meth:`Chain.diagonal` holds at once (2 GiB).
+DIAGONAL_MEMORY = 2 * 1024 ** 3
+
+
+@dataclass
+class DiagonalCost:
+    """What one :meth:`Chain.diagonal` call did. ``route`` is ``"dense"`` (``M_k`` formed
+    per sample) or ``"chunked"``; for the chunked route, ``width`` columns went down
+    together, ``chunks`` chunks of ``2·width`` columns of the identity (``columns`` of them
+    in all, over every sample and source part) were taken, and ``passes`` counts, by kind
+    (``"jvp"``, ``"hvp"``, ``"gnvp"``, ``"vjp"``), the passes of one column through one
+    part; the parts' own diagonals took ``slices`` calls of a few rows of a parameter on one
+    sample each. ``dense_bytes`` is what the dense route holds (it is taken when that fits
+    the budget)."""
+
+    route: str
+    samples: int
+    depth: int
+    width: int = 0
+    chunks: int = 0
+    columns: int = 0
+    passes: dict[str, int] = field(default_factory=dict)
+    slices: int = 0
+    dense_bytes: int = 0
+
+    def add(self, kind: str, part: int, count: int) -> None:
+        """Count ``count`` columns' passes of ``kind`` through part ``part``."""
+        self.passes[kind] = self.passes.get(kind, 0) + count
+
+    @property
+    def backward_equivalents(self) -> float:
+        """The passes in whole-model backward passes of one sample (one pass through every
+        part, ``depth`` passes of a column through one part), per sample."""
+        return sum(self.passes.values()) / self.depth / max(self.samples, 1)
+
+
+def bounds(max_memory: Any, chunk: Any) -> int:
+    """``max_memory`` and ``chunk`` checked: the budget in bytes (default
+    :data:`DIAGONAL_MEMORY`)."""
+    if max_memory is None:
+        budget = DIAGONAL_MEMORY
+    elif isinstance(max_memory, bool) or not isinstance(max_memory, int | float) \
+            or not 1 <= max_memory < float("inf"):
+        raise ValueError(f"max_memory: expected a finite number of bytes >= 1 (such as 2**31) "
+                         f"or None (the default, {DIAGONAL_MEMORY} bytes), got {max_memory!r}")
+    else:
+        budget = int(max_memory)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                              or chunk < 1):
+        raise ValueError(f"chunk: expected a positive int (columns per chunk) or None "
+                         f"(as many as max_memory holds), got {chunk!r}")
+    return budget
+
+
+def most_that_fit(held: Callable[[int], int], one: int, most: int, budget: int) -> int:
+    """The most units (columns of a chunk, rows of a slice), up to ``most``, whose work
+    ``held(units)`` (bytes; ``one`` at one unit, which fits) stays within ``budget``. It is
+    measured at 1, 2, 4, … units while the line through the last two measures (at first the
+    line through zero and ``one``) says the next fits, then the count is read off the line
+    through the last two, or through the last that fits and the first that does not. The
+    work grows faster than linearly at few units (a cheaper phase of it holds the most
+    there), so the lines to trust are those through measures at many units."""
+    low, low_bytes, units, bytes_held = 0, 0, 1, one
+    slope = float(one)
+    while units < most:
+        slope = (bytes_held - low_bytes) / (units - low)
+        wider = min(most, 2 * units)
+        if bytes_held + (wider - units) * slope > budget:
+            break
+        wider_bytes = held(wider)
+        if wider_bytes > budget:
+            slope = (wider_bytes - bytes_held) / (wider - units)
+            return int(min(wider - 1, units + (budget - bytes_held) // max(slope, 1)))
+        low, low_bytes, units, bytes_held = units, bytes_held, wider, wider_bytes
+    return int(min(most, units + (budget - bytes_held) // max(slope, 1)))
+
+
+def _progress(total: int, what: str) -> tqdm:
+    """A progress bar over ``total`` steps, as the passes over datasets show them: on a
+    terminal after a second, on rank 0 only (``TQDM_DISABLE=1`` turns it off)."""
+    here = current()
+    return tqdm(total=total, desc=f"curvgap {what}", unit="chunk", leave=False, delay=1.0,
+                disable=True if here is not None and here[0] != 0 else None)
+
+
+@dataclass
+class Point:
+    """What one diagonal is taken at: per part its parameters and constants (``layers``), its
+    input (``inputs``, batch first) and the cotangent of its output per sample (``g``; None
+    for the top part), the loss's ``target``, per part the names of its parameters asked
+    (``chosen``) and the lowest part with one (``lowest``), whether the input's diagonal is
+    asked (``to_input``), and the ``part`` of the Hessian (``"full"`` or ``"gauss_newton"``)."""
+
+    layers: list[dict]
+    inputs: list[Array]
+    g: list
+    target: Array
+    chosen: list[list[str]]
+    lowest: int
+    to_input: bool
+    part: str
+    #: per part, the entries of one sample's input
+    sizes: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sizes = [int(np.prod(x.shape[1:])) for x in self.inputs]
+
+    @property
+    def bottom(self) -> int:
+        """The lowest part the sweeps visit."""
+        return 0 if self.to_input else self.lowest
+
+    def against(self, k: int) -> Array:
+        """What part ``k``'s second derivatives are taken against: the loss's target for the
+        top part, else the cotangent of its output."""
+        return self.target if k == len(self.inputs) - 1 else self.g[k]
+
+
+class BoundedDiagonal:
+    """The diagonal sweeps over the parts' generated ``modules`` (part prefixes
+    ``prefixes``, arrays of ``backend``); :attr:`cost` is what the last call did."""
+
+    def __init__(self, modules: list[ModuleType], prefixes: list[str], backend: str) -> None:
+        self.modules, self.prefixes, self.backend = modules, prefixes, backend
+        self.arrays = ARRAYS[backend]
+        self.depth = len(modules)
+        #: what the last call cost (None before one)
+        self.cost: DiagonalCost | None = None
+
+    def __call__(self, at: Point, budget: int, chunk: int | None) -> tuple[list, Array | None]:
+        """The dense route where it fits ``budget`` bytes (and no ``chunk`` is given), else
+        the chunked one: per part its diagonal (or None), and per sample the input's
+        diagonal (or None)."""
+        dense = self._dense_bytes(at)
+        if chunk is None and dense <= budget:
+            check_room(dense, self.arrays.device(at.inputs[0]),
+                       f"diagonal: the dense route that max_memory ({budget} bytes) allows",
+                       "a max_memory below the memory at hand (default 2 GiB: the columns "
+                       "go through the model in chunks)")
+            self.cost = DiagonalCost("dense", at.inputs[0].shape[0], self.depth)
+            pieces, diag_X = self._dense(at)
+        else:
+            pieces, diag_X = self._chunked(at, budget, chunk)
+        self.cost.dense_bytes = dense
+        return pieces, diag_X
+
+    def _sample(self, k: int, layer: dict[str, Array], b: int, copies: int) -> dict:
+        """Part ``k``'s parameters and constants for ``copies`` copies of sample ``b`` (the
+        constants with a batch axis, ``_BATCHED``, taken at ``b`` and repeated)."""
+        batched = getattr(self.modules[k], "_BATCHED", ())
+        return {name: self.arrays.tile(value[b:b + 1], copies) if name in batched else value
+                for name, value in layer.items()}
+
+    def _dense_bytes(self, at: Point) -> int:
+        """What the dense route holds at its largest, in bytes: per part the curvature ``M``,
+        its input Jacobian and the next ``M`` (``3 B n_Z²``) and the parameter Jacobian with
+        its product (``2 B n_Z n_θ``), or the tangents of the part's own diagonal of a
+        parameter whole (all its rows at once), if more."""
+        layers, inputs = at.layers, at.inputs
+        batch, largest, own = inputs[0].shape[0], 0, 0
+        for k in range(at.lowest, self.depth):
+            outputs = (int(np.prod(inputs[k + 1].shape[1:])) if k + 1 < self.depth else
+                       int(np.prod(self.modules[k].forward(
+                           self._sample(k, layers[k], 0, 1),
+                           inputs[k][:1]).shape[1:])))
+            n_in = int(np.prod(inputs[k].shape[1:]))
+            n_theta = sum(int(np.prod(layers[k][name].shape)) for name in at.chosen[k])
+            largest = max(largest, 2 * outputs ** 2 + n_in ** 2 + 2 * outputs * n_theta)
+            for name in at.chosen[k]:
+                rows, _, held = self.modules[k].diagonal_row_layout(layers[k], inputs[k], name)
+                own = max(own, rows * held)
+        return max(batch * largest, own) * self.arrays.itemsize(inputs[0])
+
+    def _dense(self, at: Point) -> tuple[list, Array | None]:
+        """The dense route: ``M_k`` per sample carried down as in :meth:`Chain.loss_hessian`."""
+        pieces, M = [None] * self.depth, None
+        layers, inputs = at.layers, at.inputs
+        batch = inputs[0].shape[0]
+        for k in range(self.depth - 1, at.lowest - 1, -1):
+            module, names = self.modules[k], at.chosen[k]
+            args = (layers[k], inputs[k], at.against(k))
+            if names:
+                pieces[k] = module.diagonal(*args, wrt=names, part=at.part)
+                if M is not None:
+                    J_t = self.arrays.cat([module.jacobian(layers[k], inputs[k], name)
+                                           for name in names], -1)
+                    pieces[k] = pieces[k] + ((M @ J_t) * J_t).sum(axis=(0, 1)) / batch
+            if k > at.lowest or at.to_input:
+                J_X = module.jacobian(layers[k], inputs[k], "X")
+                H_XX = module.loss_hessian(*args, wrt="X", part=at.part)
+                M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
+        if not at.to_input:
+            return pieces, None
+        return pieces, (M * self.arrays.eye(M.shape[-1], M)).sum(-1)
+
+    def _chunked(self, at: Point, budget: int, chunk: int | None
+                 ) -> tuple[list, Array | None]:
+        """The chunked route; :attr:`cost` records its sweeps."""
+        top, batch = self.depth - 1, at.inputs[0].shape[0]
+        # the parts whose input Hessian is a source: every part above the lowest one asked
+        # for (and the lowest too for the input); the Gauss–Newton part has only the top's
+        sources = [j for j in range(top, at.bottom - 1, -1) if j > at.lowest or at.to_input]
+        if at.part == "gauss_newton":
+            sources = sources[:1] if sources and sources[0] == top else []
+        if chunk is None:
+            chunk = self._chunk_width(at, sources, budget) if sources else 1
+        cost = DiagonalCost("chunked", batch, self.depth, chunk)
+        self.cost = cost
+        totals = [[None] * len(names) for names in at.chosen]  # Σ over samples, by name
+        diag_X = []
+        steps = batch * sum(-(-at.sizes[j] // (2 * chunk)) for j in sources)
+        with _progress(steps, "diagonal") as bar:
+            for b in range(batch if sources else 0):
+                saved = self._tiled_saved(at, b, 2 * chunk)
+                tiled = self._tiled_targets(at, b, 2 * chunk, sources)
+                value_X = None
+                for j in sources:
+                    for start in range(0, at.sizes[j], 2 * chunk):
+                        value_X = self._source_chunk(at, saved, tiled, j, start, 2 * chunk,
+                                                     totals, value_X, cost)
+                        bar.update(1)
+                if at.to_input:
+                    diag_X.append(value_X)
+                saved = tiled = None  # freed before the next sample's copies are made
+        pieces: list = [None] * self.depth
+        for k in range(at.lowest, self.depth):
+            if at.chosen[k]:
+                own = self._own(at, k, budget, cost)
+                pieces[k] = self.arrays.cat([
+                    value if totals[k][i] is None else value + totals[k][i].reshape(-1) / batch
+                    for i, value in enumerate(own)])
+        return pieces, self.arrays.stack(diag_X) if at.to_input else None
+
+    def _tiled_saved(self, at: Point, b: int, copies: int) -> list:
+        """Each part's saved forward call from the bottom part up, on ``copies`` copies of
+        sample ``b`` (``None`` below it)."""
+        saved: list = [None] * self.depth
+        for k in range(at.bottom, self.depth):
+            saved[k] = self.modules[k].forward_saved(
+                self._sample(k, at.layers[k], b, copies),
+                self.arrays.tile(at.inputs[k][b:b + 1], copies))[1]
+        return saved
+
+    def _tiled_targets(self, at: Point, b: int, copies: int, sources: list[int]
+                       ) -> dict[int, Array]:
+        """What each source part's second derivative is taken against, ``copies`` copies of
+        sample ``b``'s."""
+        return {j: self.arrays.tile(at.against(j)[b:b + 1], copies) for j in sources}
+
+    def _source_chunk(self, at: Point, saved: list, tiled: dict[int, Array], j: int,
+                      start: int, width: int, totals: list[list], value_X: Array | None,
+                      cost: DiagonalCost) -> Array | None:
+        """One chunk of ``width`` columns of the identity at the input of source part ``j``
+        (from column ``start``): ``S E`` by part ``j``'s per-sample input products, then the
+        pairs ``(S e_c, e_c)``, half the chunk at a time, down to the bottom part, adding
+        ``Σ_c (J^T S e_c) ∘ (J^T e_c)`` into ``totals`` (per part and parameter) and into
+        the input's diagonal, which is returned (None while nothing has reached it)."""
+        module = self.modules[j]
+        shape = tuple(at.inputs[j].shape[1:])
+        E = self.arrays.unit(at.sizes[j], start, width, at.inputs[j])
+        module.jvp_saved(saved[j], None, E.reshape(width, *shape))
+        if at.part == "gauss_newton":
+            SE = module.gnvp_saved(saved[j], tiled[j])[1]
+            cost.add("gnvp", j, width)
+        else:
+            SE = module.hvp_saved(saved[j], tiled[j], None)[1]
+            cost.add("hvp", j, width)
+        cost.add("jvp", j, width)
+        cost.columns += min(width, at.sizes[j] - start)
+        cost.chunks += 1
+        half = width // 2
+        for h in range(2):
+            # the pairs (S e_c, e_c) of this half as one batch: S e_c first, e_c after
+            down = self.arrays.cat([SE[h * half:(h + 1) * half],
+                                    E[h * half:(h + 1) * half].reshape(half, *shape)])
+            for k in range(j - 1, at.bottom - 1, -1):
+                if at.chosen[k]:
+                    grads, down = self.modules[k].vjp_per_sample_saved(saved[k], down)
+                    for i, name in enumerate(at.chosen[k]):
+                        term = (grads[name][:half] * grads[name][half:]).sum(0)
+                        totals[k][i] = term if totals[k][i] is None else totals[k][i] + term
+                else:
+                    down = self.modules[k].vjp_saved(saved[k], down)[1]
+                cost.add("vjp", k, 2 * half)
+            if at.to_input:  # the pairs have reached X
+                flat = down.reshape(2 * half, -1)
+                term = (flat[:half] * flat[half:]).sum(0)
+                value_X = term if value_X is None else value_X + term
+        return value_X
+
+    def _chunk_width(self, at: Point, sources: list[int], budget: int) -> int:
+        """The most columns per chunk whose work fits ``budget`` bytes: the most bytes held at
+        once (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk
+        of each source, measured on the first sample (:func:`most_that_fit`)."""
+
+        def one_sample(width: int) -> None:
+            saved = self._tiled_saved(at, 0, 2 * width)
+            tiled = self._tiled_targets(at, 0, 2 * width, sources)
+            scratch = [[None] * len(names) for names in at.chosen]
+            for j in sources:
+                self._source_chunk(at, saved, tiled, j, 0, 2 * width, scratch, None,
+                                   DiagonalCost("chunked", 1, self.depth))
+
+        def held(width: int) -> int:
+            return peak_bytes(partial(one_sample, width), self.backend)
+
+        one = held(1)
+        if one > budget:
+            raise ValueError(f"max_memory: expected at least {one} bytes (one column's work "
+                             f"in the chunked diagonal at these sizes), got {budget}")
+        return most_that_fit(held, one, -(-max(at.sizes[j] for j in sources) // 2), budget)
+
+    def _own(self, at: Point, k: int, budget: int, cost: DiagonalCost) -> list[Array]:
+        """Part ``k``'s own diagonal over its names asked, against its target, averaged over
+        the batch: per name the ``vec_r`` of its entries, one sample and as many rows of its
+        first axis at a time as fit in ``budget`` bytes (their work measured on the first
+        sample, :func:`most_that_fit`)."""
+        module, batch = self.modules[k], at.inputs[k].shape[0]
+        X, against = at.inputs[k], at.against(k)
+        first = self._sample(k, at.layers[k], 0, 1)
+        values = []
+        for name in at.chosen[k]:
+            rows = module.diagonal_row_layout(first, X[:1], name)[0]
+
+            def held(stop: int, name: str = name) -> int:
+                return peak_bytes(partial(module.diagonal_rows, first, X[:1], against[:1],
+                                          name, 0, stop, at.part), self.backend)
+
+            one = held(1)
+            if one > budget:
+                raise ValueError(f"max_memory: expected at least {one} bytes (the work of one "
+                                 f"row of {self.prefixes[k]}.{name} for its own diagonal), "
+                                 f"got {budget}")
+            step = most_that_fit(held, one, rows, budget)
+            slices = []
+            for start in range(0, rows, step):
+                total = None
+                for b in range(batch):
+                    value = module.diagonal_rows(self._sample(k, at.layers[k], b, 1),
+                                                 X[b:b + 1], against[b:b + 1], name,
+                                                 start, min(rows, start + step), at.part)
+                    total = value if total is None else total + value
+                    cost.slices += 1
+                slices.append(total / batch)
+            values.append(self.arrays.cat(slices))
+        return values

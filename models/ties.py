@@ -1,0 +1,139 @@
+"""Tied parameters: a part's parameter that is another one, or that one transposed.
+
+A tied parameter ``t`` reads its source ``s`` as ``t = s`` or ``t = s^T`` (``{"head.W_H":
+"embedding.W_E.T"}``: a language-model head tied to its token embedding). It leaves the
+chain's parameters, and every derivative over ``s`` sums its places: with ``S`` stacking the
+identity and the transpositions (``vec_r(t) = P vec_r(s)``, ``P`` the commutation matrix
+for ``s^T``), the gradient is ``S^T ∇``, a product ``S^T H S v`` and the Hessian ``S^T H S``.
+``S`` is never formed: directions are read through it (:meth:`Ties.untie`), results folded
+back (:meth:`Ties.folded`) and Hessian axes summed by an index map (:meth:`Ties.index`,
+:meth:`Ties.fold_axes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .arrays import Array, NumpyArrays, TorchArrays
+
+
+class Ties(Mapping[str, str]):
+    """Tied parameter → the parameter it reads (its source), from ``ties`` (tied → source, with
+    ``".T"`` appended where it is read transposed) checked against the chain's parameter
+    ``names``; :attr:`transposed` holds the tied names read transposed."""
+
+    def __init__(self, ties: Any, names: list[str]) -> None:
+        if not isinstance(ties, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in ties.items()):
+            raise TypeError(f"ties: expected a dict of parameter names (tied → source, or "
+                            f"source + '.T' read transposed), got {ties!r}")
+        sources = {tied: source.removesuffix(".T") for tied, source in ties.items()}
+        for tied, source in sources.items():
+            if tied not in names or source not in names:
+                raise ValueError(f"ties: expected names of the parts' parameters (such as "
+                                 f"{names[-1]!r}), got {tied!r} → {ties[tied]!r}")
+            if tied == source or source in sources:
+                raise ValueError(f"ties: expected {tied!r} tied to an untied parameter, got "
+                                 f"{source!r}")
+        self._sources = sources
+        self.transposed = {tied for tied, source in ties.items() if source.endswith(".T")}
+
+    def __getitem__(self, tied: str) -> str:
+        return self._sources[tied]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def as_tied(self, tied: str, value: Array) -> Array:
+        """``value``, of the shape of ``tied``'s source, as ``tied`` reads it (a view)."""
+        return value.T if tied in self.transposed else value
+
+    def untie(self, values: dict[str, Array]) -> dict[str, Array]:
+        """``values`` (parameters, or directions) with each tied parameter whose source is
+        there as it reads its source."""
+        if not self:
+            return values
+        return {**values, **{tied: self.as_tied(tied, values[source])
+                             for tied, source in self.items() if source in values}}
+
+    def folded(self, pieces: dict[str, Array], out: dict[str, Array] | None = None
+               ) -> dict[str, Array]:
+        """Per-parameter results (name → array shaped as the parameter) with each tied
+        parameter's added, in its source's layout, to its source's (in place where the
+        source's result was written into its array of ``out``)."""
+        for tied, source in self.items():
+            if tied in pieces:
+                value = self.as_tied(tied, pieces.pop(tied))
+                if out and source in out:
+                    pieces[source] += value
+                else:
+                    pieces[source] = pieces[source] + value
+        return pieces
+
+    def checked_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """``shapes`` (every parameter's) without the tied ones, each checked against its
+        source's."""
+        for tied, source in self.items():
+            expected = shapes[source][::-1] if tied in self.transposed else shapes[source]
+            if shapes[tied] != expected:
+                how = " transposed" if tied in self.transposed else ""
+                raise ValueError(f"sizes: {tied} is {source}{how}, so its shape must be "
+                                 f"{expected}; these sizes give {shapes[tied]}")
+            del shapes[tied]
+        return shapes
+
+    def in_source_layout(self, J: Array, tied: str, shape: tuple[int, ...]) -> Array:
+        """The Jacobian ``J`` over ``tied`` (its last axis) over its source, of ``shape``."""
+        if tied not in self.transposed:
+            return J
+        rows, cols = shape
+        return J[..., np.arange(rows * cols).reshape(cols, rows).T.reshape(-1)]
+
+    def index(self, params: dict[str, Array], names: list[str]
+              ) -> tuple[np.ndarray, int] | None:
+        """For the entries of ``names`` (in order, ties included: the rows of a Hessian),
+        ``(position of each in the result over the untied ones, the result's size)``, a tied
+        entry at its source's; None when no tie is among them."""
+        if not any(n in self for n in names):
+            return None
+        starts, offset = {}, 0
+        for name in names:
+            if name not in self:
+                starts[name], offset = offset, offset + int(np.prod(params[name].shape))
+        index = []
+        for name in names:
+            if name in self:  # a transposed tie's entry (i, j) is its source's (j, i)
+                source = params[self[name]]
+                index.append(starts[self[name]] + self.as_tied(
+                    name, np.arange(int(np.prod(source.shape))).reshape(source.shape)
+                ).reshape(-1))
+            else:
+                index.append(starts[name] + np.arange(int(np.prod(params[name].shape))))
+        return np.concatenate(index), offset
+
+    @staticmethod
+    def fold_axes(value: Array, tie: tuple | None, axes: tuple[int, ...],
+                  arrays: NumpyArrays | TorchArrays) -> Array:
+        """``value`` with its ``axes`` (laid out over the entries :meth:`index` was given)
+        summed into the untied entries by the index map ``tie``."""
+        if tie is None:
+            return value
+        index, n = tie
+        for axis in axes:
+            value = arrays.index_add(value, axis, index, n)
+        return value
+
+    def refuse(self, names: list[str], what: str) -> None:
+        """NotImplementedError where ``what`` (a quantity without the blocks between a tied
+        parameter's places) is asked over a tied parameter among ``names``."""
+        tied = [self[n] for n in names if n in self]
+        if tied:
+            raise NotImplementedError(
+                f"{what}: {tied[0]} is tied (read in several places); its {what} needs the "
+                f"blocks between those places: use loss_hessian(wrt={tied[0]!r}), or leave it "
+                f"out of wrt")
