@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from . import operations  # noqa: F401 - registers its readers
 from .curvature import Curvature
-from .reader import UnsupportedLayer, UnsupportedOperation
+from .records import UnsupportedLayer, UnsupportedOperation
 
 
 def curvature(module: torch.nn.Module, loss: str = "mse", fused: bool = False) -> Curvature:

@@ -10,26 +10,33 @@ decides whether it has parts.
 
 from __future__ import annotations
 
-import itertools
-
 import sympy as sp
-
-_ORDER = itertools.count()
 
 
 class ShapeError(ValueError):
     """A reshape or alignment that no split into common factors expresses."""
 
 
+class Changes:
+    """The unifications and splits of one reading's size classes (a pass is repeated until
+    one makes none), and how many classes it has made (their order of birth)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.made = 0
+
+
 class Size:
     """A size class: an extent (an int, or a SymPy symbol for a dimension bound at call
     time), unified with others (union-find, the oldest class the root) and possibly split
-    into ``parts`` (row-major)."""
+    into ``parts`` (row-major); ``changes`` counts what happens to the classes of its
+    reading."""
 
-    def __init__(self, extent: int | sp.Expr, name: str = "") -> None:
+    def __init__(self, extent: int | sp.Expr, changes: Changes) -> None:
         self.extent = extent
-        self.name = name
-        self.order = next(_ORDER)
+        self.changes = changes
+        self.order = changes.made
+        changes.made += 1
         self.parent: Size | None = None
         self.parts: list[Size] | None = None
 
@@ -47,7 +54,7 @@ class Size:
         return [leaf for part in root.parts for leaf in part.leaves()]
 
     def __repr__(self) -> str:
-        return f"Size({self.name or self.order}: {self.extent})"
+        return f"Size({self.order}: {self.extent})"
 
 
 class Axis:
@@ -76,12 +83,6 @@ class Axis:
         return f"Axis({self.size.root()!r})"
 
 
-class Changes:
-    """Counts unifications and splits (a reading pass is repeated until one makes none)."""
-
-    count = 0
-
-
 def unify(a: Size, b: Size) -> None:
     """Make ``a`` and ``b`` one class (their factors aligned first)."""
     ra, rb = a.root(), b.root()
@@ -95,7 +96,7 @@ def unify(a: Size, b: Size) -> None:
     if new.parts is not None and old.parts is None:
         old.parts = new.parts
     new.parent = old
-    Changes.count += 1
+    old.changes.count += 1
 
 
 def extent_of(value: int | sp.Expr) -> int | sp.Expr:
@@ -112,8 +113,8 @@ def split(size: Size, extents: list[int | sp.Expr]) -> None:
     if any(not isinstance(e, int) for e in extents):
         raise ShapeError(f"cannot split the size {root.extent} (bound at call time) into "
                          f"{list(extents)}")
-    root.parts = [Size(extent) for extent in extents]
-    Changes.count += 1
+    root.parts = [Size(extent, root.changes) for extent in extents]
+    root.changes.count += 1
 
 
 def align(xs: list[Size], ys: list[Size]) -> None:

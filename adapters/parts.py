@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reader import Source
+from .records import Source
 
 _BLOCK = re.compile(r"^(.*\.)?\d+$")
 

@@ -28,16 +28,11 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
 from ..derivations.program import Program
+from .nodes import ancestors, differentiable, side_effects
 from .parts import cut
-from .reader import (
-    Constant,
-    Reader,
-    Reading,
-    UnsupportedOperation,
-    ancestors,
-    differentiable,
-    side_effects,
-)
+from .reader import program_of
+from .records import Constant, Reading, UnsupportedOperation
+from .rules import make_table
 
 _DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
 
@@ -327,7 +322,7 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
     for k, source in enumerate(sources):
         title = _title(module, source.root)
         last = k == len(sources) - 1
-        readings.append(Reader(source, title, loss if last else "linear").read())
+        readings.append(program_of(source, title, loss if last else "linear"))
     fixed = fixed_sizes(exported, call, X, kwargs)
     constants = [c for reading in readings for c in reading.constants]
     return Trace(exported, readings, [s.root for s in sources],
@@ -514,61 +509,10 @@ def _transformed(values: list[torch.Tensor], transform: str,
 
 
 def _table(constant: Constant, dims: dict[str, int], X: torch.Tensor) -> torch.Tensor:
-    """A table of the program's own (a selection, a placement, a causal mask)."""
+    """A table of the program's own (a selection, a placement, a causal mask), made by the
+    maker its rule registered."""
     details, extents = constant.details
     kind, args = (details[0], details[1:]) if constant.kind == "select" else (constant.kind,
                                                                                 details[1:])
-    shape = [[dims[name] for name in dim] for dim in extents]
-    sizes = [math.prod(d) for d in shape]
-    flat = sizes  # as the generated code takes it: one axis per dimension
-    options = dict(dtype=X.dtype, device=X.device)
-    if kind == "slice":
-        start, step = args
-        eye = torch.eye(sizes[1], **options)
-        return eye[start:start + step * sizes[0]:step].reshape(flat)
-    if kind == "pick":
-        return torch.eye(sizes[1], **options)[args[0]].reshape(flat)
-    if kind == "place":
-        (offset,) = args
-        table = torch.zeros(sizes[0], sizes[1], **options)
-        table[offset:offset + sizes[1]] = torch.eye(sizes[1], **options)
-        return table.reshape(flat)
-    if kind == "place_end":  # placed ``after`` entries before the end
-        (after,) = args
-        table = torch.zeros(sizes[0], sizes[1], **options)
-        table[sizes[0] - after - sizes[1]:sizes[0] - after] = torch.eye(sizes[1], **options)
-        return table.reshape(flat)
-    if kind == "causal":
-        rows, columns = sizes
-        above = torch.ones(rows, columns, dtype=torch.bool, device=X.device).triu(1)
-        return torch.zeros(rows, columns, **options).masked_fill(above, float("-inf")).reshape(
-            flat)
-    if kind == "shift":  # out[o] = in[o - offset] (a constant pad's placement)
-        (offset,) = args
-        rows = torch.arange(sizes[0], device=X.device)[:, None]
-        return (rows == torch.arange(sizes[1], device=X.device) + offset).to(X.dtype).reshape(
-            flat)
-    if kind == "border":  # 1 on the first ``before`` and the last ``after`` entries
-        before, after = args
-        table = torch.zeros(sizes[0], **options)
-        table[:before] = 1
-        table[sizes[0] - after:] = 1
-        return table.reshape(flat)
-    if kind == "interpolate":
-        return _interpolation(args, sizes, flat, options)
-    raise ValueError(f"constant: unknown table {kind!r}")
-
-
-def _interpolation(args: tuple, sizes: list[int], flat: list[int], options: dict
-                   ) -> torch.Tensor:
-    """The matrix of an interpolation (``out[p..] = Σ_q M[p.., q..] in[q..]``): the operation
-    applied to an identity basis, one image per input entry."""
-    packet, overload, arguments, given = args
-
-    def plain(arg: object) -> object:
-        return [plain(a) for a in arg] if isinstance(arg, tuple) else arg
-
-    n = math.prod(given)
-    basis = torch.eye(n, **options).reshape(n, 1, *given)
-    out = getattr(getattr(torch.ops.aten, packet), overload)(basis, *map(plain, arguments))
-    return out.reshape(n, -1).T.reshape(flat)
+    sizes = [math.prod(dims[name] for name in dim) for dim in extents]
+    return make_table(kind, args, sizes, X)

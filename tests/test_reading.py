@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvgap
 from curvgap.adapters import UnsupportedLayer
-from curvgap.adapters.axes import Axis, ShapeError, Size, align, regroup
+from curvgap.adapters.axes import Axis, Changes, ShapeError, Size, align, regroup
 
 
 class DifferentialAttention(torch.nn.Module):
@@ -383,14 +383,30 @@ def test_a_cross_entropy_target_on_the_meta_device_is_refused():
 
 
 def test_a_reshape_splits_a_size_everywhere_it_occurs():
-    width, rows_ = Size(8), Size(sp.Symbol("L", positive=True, integer=True))
+    changes = Changes()
+    width, rows_ = Size(8, changes), Size(sp.Symbol("L", positive=True, integer=True), changes)
     a, b = Axis(rows_), Axis(width)
     heads = regroup([a, b], [rows_.extent, 2, 4])
     assert [len(d) for d in heads] == [1, 1, 1] and b.leaves() == heads[1] + heads[2]
-    other = Axis(Size(8))
+    other = Axis(Size(8, changes))
     align([other.size], [width])  # another tensor's width of the same class
     assert [leaf.extent for leaf in other.leaves()] == [2, 4]
     with pytest.raises(ShapeError):
-        regroup([Axis(Size(6))], [4])
+        regroup([Axis(Size(6, changes))], [4])
     with pytest.raises(ShapeError):
         regroup([Axis(rows_)], [2, rows_.extent / 2])  # the sequence is never split
+
+
+def test_an_operation_has_one_rule():
+    """A second rule for an operation is an error naming both (it used to replace the first
+    silently)."""
+    from curvgap.adapters.rules import RULES, rule
+
+    def again(reader, node, *args):  # pragma: no cover - never called
+        raise AssertionError
+
+    before = dict(RULES)
+    with pytest.raises(RuntimeError, match=r"two rules for aten.linear.default: "
+                                           r"curvgap.adapters.rules.linear.read_linear and "):
+        rule(torch.ops.aten.linear.default)(again)
+    assert RULES == before

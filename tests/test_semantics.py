@@ -17,7 +17,7 @@ from reference import Reference, randomise, relative
 
 import curvgap
 from curvgap.adapters import UnsupportedLayer
-from curvgap.adapters.reader import _number
+from curvgap.adapters.records import _number
 from curvgap.codegen.backends.torch.printer import TorchPrinter
 
 D = 5
