@@ -47,7 +47,7 @@ def _cli() -> str:
     """``curvgap --help`` and each command's ``--help``, as the command prints them."""
     import argparse
 
-    from curvgap.cli import _parser
+    from curvgap.cli.commands import _parser
 
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

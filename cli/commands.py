@@ -1,0 +1,264 @@
+"""The commands of ``curvgap`` (see :mod:`curvgap.cli`): the parser, ``main`` and each
+command's run."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .._extras import MissingExtra, missing
+from ..codegen import output
+from ..derivations.config import ConfigError
+from . import arguments
+
+
+def _latex(name: str, out: str, pdf: bool) -> int:
+    """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it (the
+    paths checked already, :mod:`.arguments`)."""
+    from ..codegen.backends import latex
+    from ..codegen.generate import GenerationError, is_shipped_folder, render
+    from ..codegen.resources import GENERATED, shipped_configs
+    from ..derivations.config import load
+    from ..derivations.model import derive
+
+    try:
+        config = load(arguments.latex_path(name))
+        out = Path(out)
+        shipped = {p.stem: p for p in shipped_configs()}
+        if is_shipped_folder(out, GENERATED / "latex") and config.name in shipped and \
+                load(shipped[config.name]) != config:
+            raise GenerationError(f"NAME: {config.name!r} is a shipped config's name, and this "
+                                  f"config differs from it: writing it into {out} would "
+                                  "replace the shipped document; rename it or choose another "
+                                  "--out")
+        out.mkdir(parents=True, exist_ok=True)
+        tex = out / f"{config.name}.tex"
+        output.write_file(tex, render(derive(config), latex.BACKEND))
+    except (GenerationError, output.OutputError, OSError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {tex}")
+    if not pdf:
+        return 0
+    if shutil.which("pdflatex") is None:
+        print("curvgap: error: --pdf needs pdflatex (Debian: apt-get install "
+              "texlive-latex-base texlive-latex-recommended)", file=sys.stderr)
+        return 2
+    # pdflatex works in a folder of its own (its .aux, .log, .toc stay there); only the PDF
+    # comes out, whole or not at all
+    with tempfile.TemporaryDirectory(prefix="curvgap-latex-") as work:
+        shutil.copyfile(tex, Path(work) / tex.name)
+        for _ in range(2):  # the second run fills in the table of contents
+            run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                                  tex.name], cwd=work, capture_output=True, text=True)
+            if run.returncode:
+                print(run.stdout[-3000:], file=sys.stderr)
+                print(f"curvgap: error: pdflatex failed on {tex}", file=sys.stderr)
+                return 1
+        with output.replacing(tex.with_suffix(".pdf")) as temporary:
+            shutil.copyfile(Path(work) / tex.with_suffix(".pdf").name, temporary)
+    print(f"wrote {tex.with_suffix('.pdf')}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per job."""
+    parser = argparse.ArgumentParser(
+        prog="curvgap",
+        description="Exact Jacobians and Hessians of Transformer layers: generate the modules "
+                    "and documents, typeset one document, benchmark, reproduce the paper's "
+                    "analyses. Run 'curvgap COMMAND --help' for the options of each command.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="derive and write generated modules")
+    gen.add_argument("--config", action="append", metavar="FILE",
+                     help="a config to generate, or a model config (its sublayers' "
+                          "modules, and the model verified; repeatable; default: every "
+                          "shipped config)")
+    gen.add_argument("--out", metavar="DIR", help="output folder (default: generated/)")
+    gen.add_argument("--check", action="store_true",
+                     help="write nothing; fail if a file is missing, stale or hand-edited")
+    gen.add_argument("--force", action="store_true", help="overwrite hand-edited files")
+    gen.add_argument("--no-verify", action="store_true",
+                     help="skip the numerical check of the written modules")
+    bench = commands.add_parser("bench", help="time generated code against torch.func "
+                                              "and curvlinops")
+    bench.add_argument("--config", default="paper_block", help="a shipped config name")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (a smoke test)")
+    bench.add_argument("--scale", action="store_true",
+                       help="the HVP, Gauss–Newton product, diagonal, structured block and "
+                            "dense-block memory from the headline size to GPT-2 width")
+    bench.add_argument("--accuracy", action="store_true",
+                       help="the errors of torch.func's and curvlinops' Hessian products "
+                            "on common Transformer layers, beside curvgap's")
+    bench.add_argument("--models", action="store_true",
+                       help="whole models at real size (GPT-2 small, a Llama layer at hidden "
+                            "2048, ViT-B/16) against autograd: time, memory, agreement, the "
+                            "top eigenvalue")
+    bench.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                       help="where --models runs (default: cpu)")
+    bench.add_argument("--fused", action="store_true",
+                       help="with --models or --scale: curvgap's code through torch.compile "
+                            "too (fused=True; compiled in each row's warm-up)")
+    bench.add_argument("--distributed", action="store_true",
+                       help="curvature over the digits ViT's training set on 1 and 2 "
+                            "processes (torch.distributed, gloo on 127.0.0.1)")
+    bench.add_argument("--out", metavar="DIR", default="bench-results",
+                       help="where bench.json and bench.png go (default: bench-results/)")
+    latex = commands.add_parser("latex", help="write one config's formulas as a LaTeX document")
+    latex.add_argument("name", help="a shipped config name or a config file")
+    latex.add_argument("--out", metavar="DIR", default=".",
+                       help="where <name>.tex (and .pdf) go (default: the current folder)")
+    latex.add_argument("--pdf", action="store_true", help="also compile it with pdflatex")
+    reproduce = commands.add_parser("reproduce", help="the paper's analyses: bounds, Hessian "
+                                                      "structure, scaling, convergence")
+    reproduce.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
+    reproduce.add_argument("--out", metavar="DIR", default="reproduce-results",
+                           help="where the figures and report go (default: reproduce-results/)")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """``curvgap generate``: write (or, with ``--check``, check) the generated files and
+    verify the written modules."""
+    from ..codegen.backends import MODULE_BACKENDS
+    from ..codegen.generate import (
+        GenerationError,
+        generate,
+        load_configs,
+        output_folder,
+        relative_path,
+        stale_files,
+    )
+    from .verification import split_models, verify
+
+    start = time.perf_counter()
+    try:
+        paths, models = split_models(args.config)  # a model config: its sublayers' modules
+        if args.check:
+            print("checking generated files:")
+            problems = stale_files(paths, args.out)
+            for path, state in problems:
+                print(f"  {path}: {state}", file=sys.stderr)
+            if problems:
+                print(f"{len(problems)} generated file(s) are not up to date; run "
+                      "`curvgap generate` (hand-edited files need --force)", file=sys.stderr)
+                return 1
+            print(f"all generated files are up to date ({time.perf_counter() - start:.1f} s)")
+            return 0
+        print("deriving and generating:")
+        written = generate(paths, args.out, args.force)
+        if written:
+            print(f"wrote {len(written)} files in {time.perf_counter() - start:.1f} s:")
+            for path in written:
+                print(f"  {path}")
+        else:
+            print(f"nothing changed: every file is current ({time.perf_counter() - start:.1f} s)")
+        if not args.no_verify:
+            folder = output_folder(args.out)
+            configs = {c.name: c for c in load_configs(paths, folder)}
+            modules = [folder / relative_path(c, b) for c in configs.values()
+                       for b in MODULE_BACKENDS]
+            if not verify(modules, configs, models):
+                print("verification FAILED", file=sys.stderr)
+                return 1
+            print(f"done in {time.perf_counter() - start:.1f} s")
+        return 0
+    except (ConfigError, GenerationError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+
+
+def needs(args: argparse.Namespace) -> tuple[tuple[str, ...], str, str]:
+    """The optional packages (import names) the command of ``args`` needs, the command in
+    words and the extra that installs them."""
+    if args.command == "reproduce":
+        return ("matplotlib", "scipy", "sklearn"), "curvgap reproduce", "analysis"
+    if args.command != "bench" or args.accuracy or args.scale:
+        return (), "", ""
+    if args.distributed:  # the digits ViT of curvgap.analysis (its spectra use scipy)
+        return ("sklearn", "scipy"), "curvgap bench --distributed", "analysis"
+    if args.models:
+        return ("transformers",), "curvgap bench --models", "transformers"
+    return ("matplotlib",), "curvgap bench", "bench"
+
+
+def torch_cuda() -> bool:
+    """Whether torch sees a GPU (imports torch)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``curvgap`` command line; the exit status (0 ok, 1 failed, 2 bad input). The
+    optional packages a command needs and its path arguments are checked before any work,
+    a missing one or a bad one stopping it with one line (:mod:`.arguments`); ``--help``
+    imports neither torch nor SymPy."""
+    args = _parser().parse_args(argv)
+    if args.command == "bench" and args.device == "cuda" and not args.models:
+        print("curvgap: error: --device cuda: expected --models with it (the other bench "
+              "modes run on the CPU)", file=sys.stderr)
+        return 2
+    if args.command == "bench" and args.fused and not (args.models or args.scale):
+        print("curvgap: error: --fused: expected --models or --scale with it (the tables it "
+              "adds fused routes to)", file=sys.stderr)
+        return 2
+    try:
+        absent = missing(*needs(args))
+        if absent:
+            raise MissingExtra(absent)
+        arguments.check(args)
+        return _run(args)
+    except (MissingExtra, ConfigError, output.OutputError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command of ``args``, its arguments checked."""
+    if args.command == "bench" and args.accuracy:
+        from ..benchmarks.accuracy import run_accuracy
+
+        run_accuracy(args.out)
+        return 0
+    if args.command == "bench" and args.distributed:
+        from ..benchmarks.distributed import run_distributed
+
+        run_distributed(args.quick, args.out)
+        return 0
+    if args.command == "bench" and args.models:
+        from ..benchmarks.models import run_models
+
+        if args.device == "cuda" and not torch_cuda():
+            print("curvgap: error: --device cuda: expected a GPU that torch can use, got none "
+                  "(torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+        run_models(args.quick, args.out, args.device, args.fused)
+        return 0
+    if args.command == "bench" and args.scale:
+        from ..benchmarks.scale import run_scale
+
+        run_scale(args.config, args.quick, args.out, fused=args.fused)
+        return 0
+    if args.command == "bench":
+        from ..benchmarks.suite import run
+
+        run(args.config, args.quick, args.out)
+        return 0
+    if args.command == "reproduce":
+        from ..analysis.reproduce import run as reproduce_run
+
+        reproduce_run(args.quick, args.out)
+        return 0
+    if args.command == "latex":
+        return _latex(args.name, args.out, args.pdf)
+    return _generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
