@@ -22,7 +22,7 @@ _BLOCK = re.compile(r"^(.*\.)?\d+$")
 
 
 @dataclass
-class Part:
+class NodeRun:
     """A run of the graph's differentiable nodes: the block path they belong to (``""``:
     outside every block), and the nodes."""
 
@@ -43,19 +43,19 @@ def cut(graph: torch.fx.Graph, differentiable: set[str], X: str, params: dict[st
     """The graph's differentiable nodes in parts (see the module docstring), each as a
     :class:`Source`; one part when the graph has no blocks."""
     nodes = [n for n in graph.nodes if n.op == "call_function" and n.name in differentiable]
-    parts: list[Part] = []
+    parts: list[NodeRun] = []
     for node in nodes:
         block = _block_of(node)
         if parts and parts[-1].path == block:
             parts[-1].nodes.append(node)
         else:
-            parts.append(Part(block, [node]))
+            parts.append(NodeRun(block, [node]))
     parts = _merged(parts, X, params, output)
     return [_source(graph, part, k, parts, X, params, output, batch_dim)
             for k, part in enumerate(parts)]
 
 
-def _inputs(part: Part, X: str, params: dict[str, str]) -> set[str]:
+def _inputs(part: NodeRun, X: str, params: dict[str, str]) -> set[str]:
     """The differentiable values a part reads from outside itself (parameters aside)."""
     own = {n.name for n in part.nodes}
     return {arg.name for node in part.nodes for arg in node.all_input_nodes
@@ -63,13 +63,13 @@ def _inputs(part: Part, X: str, params: dict[str, str]) -> set[str]:
             and arg.name not in params}
 
 
-def _merged(parts: list[Part], X: str, params: dict[str, str],
-            output: torch.fx.Node) -> list[Part]:
+def _merged(parts: list[NodeRun], X: str, params: dict[str, str],
+            output: torch.fx.Node) -> list[NodeRun]:
     """``parts`` with neighbours merged until each reads one tensor from the one before (the
     first reads ``X``), has parameters, and the last makes the output."""
     differentiable = {n.name for part in parts for n in part.nodes} | {X}
 
-    def valid(k: int, parts: list[Part]) -> bool:
+    def valid(k: int, parts: list[NodeRun]) -> bool:
         part = parts[k]
         inputs = {n for n in _inputs(part, X, params) if n in differentiable}
         expected = X if k == 0 else parts[k - 1].nodes[-1].name
@@ -92,7 +92,7 @@ def _merged(parts: list[Part], X: str, params: dict[str, str],
             if not valid(k, parts):
                 j = k - 1 if k > 0 else k + 1  # merge into the part before (or after)
                 a, b = sorted((j, k))
-                parts = (parts[:a] + [Part(parts[a].path if parts[a].path == parts[b].path
+                parts = (parts[:a] + [NodeRun(parts[a].path if parts[a].path == parts[b].path
                                            else "", parts[a].nodes + parts[b].nodes)]
                          + parts[b + 1:])
                 changed = True
@@ -100,7 +100,7 @@ def _merged(parts: list[Part], X: str, params: dict[str, str],
     return parts
 
 
-def _source(graph: torch.fx.Graph, part: Part, k: int, parts: list[Part], X: str,
+def _source(graph: torch.fx.Graph, part: NodeRun, k: int, parts: list[NodeRun], X: str,
             params: dict[str, str], output: torch.fx.Node, batch_dim: int) -> Source:
     """One part as a graph of its own: its input (``X`` or the previous part's output) and
     what it reads besides (parameters, constants) as placeholders, its last node the
