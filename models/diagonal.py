@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..data.ranks import current
 from .arrays import ARRAYS, Array
+from .hessian import Point
 from .memory import check_room, peak_bytes
 
 #: The default bound, in bytes, on what :meth:`Chain.diagonal` holds at once (2 GiB).
@@ -119,39 +120,6 @@ def _progress(total: int, what: str) -> tqdm:
     here = current()
     return tqdm(total=total, desc=f"curvgap {what}", unit="chunk", leave=False, delay=1.0,
                 disable=True if here is not None and here[0] != 0 else None)
-
-
-@dataclass
-class Point:
-    """What one diagonal is taken at: per part its parameters and constants (``layers``), its
-    input (``inputs``, batch first) and the cotangent of its output per sample (``g``; None
-    for the top part), the loss's ``target``, per part the names of its parameters asked
-    (``chosen``) and the lowest part with one (``lowest``), whether the input's diagonal is
-    asked (``to_input``), and the ``part`` of the Hessian (``"full"`` or ``"gauss_newton"``)."""
-
-    layers: list[dict]
-    inputs: list[Array]
-    g: list
-    target: Array
-    chosen: list[list[str]]
-    lowest: int
-    to_input: bool
-    part: str
-    #: per part, the entries of one sample's input
-    sizes: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.sizes = [int(np.prod(x.shape[1:])) for x in self.inputs]
-
-    @property
-    def bottom(self) -> int:
-        """The lowest part the sweeps visit."""
-        return 0 if self.to_input else self.lowest
-
-    def against(self, k: int) -> Array:
-        """What part ``k``'s second derivatives are taken against: the loss's target for the
-        top part, else the cotangent of its output."""
-        return self.target if k == len(self.inputs) - 1 else self.g[k]
 
 
 class BoundedDiagonal:
