@@ -14,7 +14,7 @@ from pathlib import Path
 from .._extras import MissingExtra, missing
 from ..codegen import output
 from ..derivations.config import ConfigError
-from . import arguments
+from .arguments import check, latex_path
 
 
 def _latex(name: str, out: str, pdf: bool) -> int:
@@ -27,7 +27,7 @@ def _latex(name: str, out: str, pdf: bool) -> int:
     from ..derivations.model import derive
 
     try:
-        config = load(arguments.latex_path(name))
+        config = load(latex_path(name))
         out = Path(out)
         shipped = {p.stem: p for p in shipped_configs()}
         if is_shipped_folder(out, GENERATED / "latex") and config.name in shipped and \
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         absent = missing(*needs(args))
         if absent:
             raise MissingExtra(absent)
-        arguments.check(args)
+        check(args)
         return _run(args)
     except (MissingExtra, ConfigError, output.OutputError) as error:
         print(f"curvgap: error: {error}", file=sys.stderr)

@@ -1,11 +1,12 @@
 """The house: imports run only downstream along the pipeline, and never in a circle.
 
 The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
-import itself and the packages before it. ``cli``, ``benchmarks``, ``analysis``,
-``adapters`` (real layers), ``models`` (stacks of blocks), ``operators`` (curvature as
-linear operators, structured blocks) and ``data`` (means over datasets and ranks) sit on top
-(they may import anything), and nothing below them imports them. Every import counts, at
-module level or inside a function.
+import itself and the packages before it. The tools sit on top of it, in this order:
+``data`` (means over datasets and ranks), ``operators`` (curvature as linear operators,
+structured blocks), ``models`` (chains of generated modules), ``adapters`` (real layers),
+``analysis``, ``benchmarks``, ``cli``; each may import the pipeline and the tools before it,
+and nothing below them imports them. Every import counts, at module level or inside a
+function.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
-ON_TOP = ["cli", "benchmarks", "analysis", "adapters", "models", "operators", "data"]
+ON_TOP = ["data", "operators", "models", "adapters", "analysis", "benchmarks", "cli"]
 
 
 def _modules() -> dict[str, Path]:
@@ -67,6 +68,14 @@ def test_the_graph_sees_the_imports():
     assert "curvgap.derivations.calculus" in graph["curvgap.derivations.softmax"]
     assert "curvgap.derivations.model" in graph["curvgap.codegen.lowering"]
     assert len(graph) > 30
+
+
+def test_the_tools_import_only_those_before_them():
+    upward = [f"{module} imports {target}" for module, imported in _graph().items()
+              for target in imported
+              if _layer(module) in ON_TOP and _layer(target) in ON_TOP
+              and ON_TOP.index(_layer(target)) > ON_TOP.index(_layer(module))]
+    assert not upward, "imports against the order of the tools:\n" + "\n".join(upward)
 
 
 def test_imports_run_downstream():
