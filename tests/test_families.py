@@ -109,5 +109,5 @@ def test_fused_agrees_with_autograd(name):
                     dtype=gradient.dtype)
     assert relative(c.hvp(case.X, case.T, v, **case.inputs), ref.hvp(v)) <= 1e-10
     assert relative(c.gnvp(case.X, case.T, v, **case.inputs), ref.gnvp(v)) <= 1e-10
-    runner = c._reads[next(iter(c._reads))].runner()
+    runner = c._traced[next(iter(c._traced))].runner()
     assert all("fused" in module.__name__ for module in runner.modules)

@@ -274,7 +274,7 @@ def test_repeated_blocks_are_derived_once():
     X, T = rows()
     c = curvgap.curvature(model)
     assert relative(c.gradient(X, T), Reference(model, X, T).gradient()) <= 1e-10
-    (read,) = c._reads.values()
+    (read,) = c._traced.values()
     assert read.trace.paths == [f"layers.{k}" for k in range(4)]
     assert len({p.fingerprint for p in read.trace.programs}) == 2
 

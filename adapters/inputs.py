@@ -1,0 +1,148 @@
+"""The inputs of a call on a real module, checked before any work: ``X`` and the keyword
+inputs (no meta tensors, token ids of shape ``(B, L)``, masks of ``X``'s batch and length,
+indices inside their tables), a direction ``v``, and the sizes of each part for this
+``X``."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from .trace import Trace
+
+
+def batch_first(module: torch.nn.Module) -> bool:
+    """Whether the module takes its batch first: torch's ``batch_first=False`` (on the module
+    or on the attention inside it) says otherwise."""
+    for sub in module.modules():
+        if isinstance(getattr(sub, "batch_first", None), bool):
+            return sub.batch_first
+    return True
+
+
+def without_cache(module: torch.nn.Module, inputs: dict) -> dict:
+    """``inputs`` with ``use_cache=False`` where the module's forward takes ``use_cache`` and
+    the call does not give it: a Hugging Face decoder called as it is returns a key-value
+    cache besides its output, which the loss does not read and no trace can return."""
+    if "use_cache" in inputs:
+        return inputs
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    return {**inputs, "use_cache": False} if "use_cache" in parameters else inputs
+
+
+def direction(v: Any, X: torch.Tensor) -> torch.Tensor:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"v: expected a torch.Tensor (of X's dtype and device), got "
+                        f"{type(v).__name__}")
+    _finite("v", v)
+    return v.detach()
+
+
+def _finite(name: str, value: torch.Tensor) -> None:
+    """ValueError naming the first entry of ``value`` that is NaN or inf."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        at = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
+        what = "NaN" if bool(torch.isnan(value[at])) else "inf"
+        raise ValueError(f"{name}: expected finite values, got {what} at index "
+                         f"{at[0] if len(at) == 1 else at}")
+
+
+#: keyword inputs with one entry per sample and position of X, ``(B, L)``
+_PER_POSITION = ("attention_mask", "src_key_padding_mask", "key_padding_mask",
+                 "tgt_key_padding_mask", "token_type_ids", "position_ids")
+
+
+def _meta(name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        raise ValueError(f"{name}: expected a tensor with data (cpu or cuda), got a meta "
+                         f"tensor")
+
+
+def checked(module: torch.nn.Module, X: torch.Tensor, T: Any, inputs: dict, batch_dim: int,
+             keyword: str | None) -> tuple[torch.Tensor, Any, dict]:
+    """The call's inputs checked before any work (no meta tensors, token ids of shape
+    ``(B, L)``, a batch of sequences, keyword inputs of X's batch and length) and detached
+    (the derivatives do not depend on their autograd state); token ids as int64."""
+    name = keyword or "X"
+    _meta(name, X)  # (a meta target is refused by the loss, with its own words)
+    for key, value in inputs.items():
+        _meta(key, value)
+    meta = next((n for n, p in module.named_parameters() if p.device.type == "meta"), None)
+    if meta is not None:
+        raise ValueError(f"module: expected parameters with data (cpu or cuda), got a meta "
+                         f"tensor for {meta!r} (materialise it: module.to_empty(device=...) "
+                         f"and load its weights)")
+    X = X.detach()
+    T = T.detach() if isinstance(T, torch.Tensor) else T
+    inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    if not X.is_floating_point():
+        if X.ndim > 2 and X.shape[-1] == 1:  # (B, L, 1)
+            raise ValueError(f"{name}: expected token ids of shape (B, L), got shape "
+                             f"{tuple(X.shape)}")
+        X = X.long()
+        batch, length = X.shape if X.ndim == 2 else (None, None)
+    elif X.ndim == 3:
+        batch, length = X.shape[batch_dim], X.shape[1 - batch_dim]
+    else:
+        batch = length = None
+        if X.ndim == 2 and any(isinstance(m, torch.nn.MultiheadAttention)
+                               for m in module.modules()):
+            layout, one = ("(B, L, d)", "unsqueeze(0)") if batch_dim == 0 else (
+                "(L, B, d)", "unsqueeze(1)")
+            raise ValueError(f"{name}: expected shape {layout} (a batch of sequences; "
+                             f"{type(module).__name__} reads a 2-D input as one sequence "
+                             f"without a batch), got shape {tuple(X.shape)}; for one "
+                             f"sequence pass {name}.{one}")
+    if batch is not None and inputs.get("past_key_values") is None:
+        for key in _PER_POSITION:
+            value = inputs.get(key)
+            if not isinstance(value, torch.Tensor) or value.ndim != 2:
+                continue
+            ones = key == "position_ids" and value.shape[0] == 1
+            if value.shape[1] != length or (value.shape[0] != batch and not ones):
+                also = f" or (1, {length})" if key == "position_ids" else ""
+                raise ValueError(f"{key}: expected shape ({batch}, {length}){also} to match "
+                                 f"{name}'s batch and sequence, got {tuple(value.shape)}")
+    return X, T, inputs
+
+
+def check_indices(traced: Trace, inputs: dict) -> None:
+    """ValueError naming a keyword input of indices into a table (``position_ids``) that
+    has one outside the table."""
+    for reading in traced.readings:
+        for constant in reading.constants:
+            kind, _, arg = constant.transform.partition(":")
+            value = inputs.get(constant.node) if isinstance(constant.node, str) else None
+            if kind not in ("one_hot", "index") or not isinstance(value, torch.Tensor) \
+                    or not value.numel():
+                continue
+            rows = int(arg.partition(":")[0])
+            low = -rows if kind == "index" else 0
+            outside = (value < low) | (value >= rows)
+            if bool(outside.any()):
+                at = tuple(int(i) for i in outside.nonzero()[0])
+                raise ValueError(f"{constant.node}: expected indices in [{low}, {rows}) (the "
+                                 f"module's table has {rows} rows), got {int(value[at])} at "
+                                 f"index {at[0] if len(at) == 1 else at}")
+
+
+def part_dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:
+    """Each part's sizes for this ``X``: the fixed ones and those bound at call time (the
+    trace's symbols, valued from ``X``'s shape)."""
+    placeholder = next(n for n in traced.exported.graph.nodes if n.name == traced.X)
+    values = {}
+    for extent, size in zip(placeholder.meta["val"].shape, X.shape):
+        if isinstance(extent, torch.SymInt):
+            values[extent.node.expr] = int(size)
+    out = []
+    for reading in traced.readings:
+        dims = {name: size for name, size in reading.program.sizes if size is not None}
+        for name, symbol in reading.symbols.items():
+            dims[name] = int(symbol.xreplace(values))
+        out.append(dims)
+    return out

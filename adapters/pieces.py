@@ -1,0 +1,126 @@
+"""The module's parameters as the runners hold them: per parameter of the module (in its
+order), its name, the runners' names for it (none where the output does not depend on it;
+several for a tied weight read in several places, whose derivatives add up) and its number of
+entries — a :data:`Piece`. Results over the runners' parameters are laid out over the
+module's, and directions over the module's split into the runners'."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..models.arrays import overflowed, written
+from .traced import Traced
+
+#: ``(module parameter, the runners' names for it, entries)``
+Piece = tuple[str, tuple[str, ...], int]
+
+
+def pieces_of(module: torch.nn.Module, traced: Traced, names: list[str]) -> list[Piece]:
+    """Per module parameter of ``names`` (in order): its name, the runner's names for it
+    (none: the output does not depend on it; several: a tied weight read in several
+    places, whose derivatives add up) and its number of entries."""
+    ours: dict[str, tuple[str, ...]] = {}
+    for name, source in traced.names.items():
+        ours[source] = (*ours.get(source, ()), name)
+    return [(n, ours.get(n, ()), module.get_parameter(n).numel()) for n in names]
+
+
+def used_of(traced: Traced, pieces: list[Piece]) -> list[str]:
+    """The runner's parameters among ``pieces``, in the runner's order."""
+    order = {name: k for k, name in enumerate(traced.names)}
+    return sorted((r for _, ours, _ in pieces for r in ours), key=order.get)
+
+
+def _same(pieces: list[Piece], used: list[str]) -> bool:
+    """Whether ``pieces`` are the ``used`` parameters one to one, in order."""
+    return [ours for _, ours, _ in pieces] == [(name,) for name in used]
+
+
+def spread(values: torch.Tensor, pieces: list[Piece], used: list[str], axis: int = 0
+            ) -> torch.Tensor:
+    """``values`` (along ``axis``: the ``used`` parameters' entries, concatenated) in the
+    order of ``pieces``: zeros where a piece is not used, the sum where it is used in
+    several places."""
+    if _same(pieces, used):
+        return values
+    sizes = {r: size for _, ours, size in pieces for r in ours}
+    offsets, offset = {}, 0
+    for name in used:
+        offsets[name] = offset
+        offset += sizes[name]
+    parts = []
+    for _, ours, size in pieces:
+        if not ours:
+            shape = list(values.shape)
+            shape[axis] = size
+            parts.append(values.new_zeros(shape))
+        else:
+            parts.append(sum(values.narrow(axis, offsets[r], size) for r in ours))
+    return torch.cat(parts, axis)
+
+
+def directions(v: torch.Tensor, pieces: list[Piece], params: dict) -> list[dict]:
+    """Per column of ``v`` (one for a vector; entries of ``pieces`` in the module's order),
+    the direction of each runner parameter: a view of ``v`` shaped as the parameter (a tied
+    weight's for each place it is read)."""
+    columns = [v] if v.ndim == 1 else [v[:, j] for j in range(v.shape[1])]
+    directions = []
+    for column in columns:
+        direction, offset = {}, 0
+        for _, ours, size in pieces:
+            for name in ours:
+                direction[name] = column[offset:offset + size].reshape(params[name].shape)
+            offset += size
+        directions.append(direction)
+    return directions
+
+
+def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
+           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """An empty result over ``pieces`` (in the module's order) in ``like``'s dtype and
+    device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece read in
+    one place, by the runner's name: the runner writes its result there."""
+    n = sum(size for *_, size in pieces)
+    out = torch.empty((n,) if columns is None else (n, columns), dtype=like.dtype,
+                      device=like.device)
+    slots, offset = {}, 0
+    for _, ours, size in pieces:
+        if columns is None and len(ours) == 1:
+            slots[ours[0]] = out[offset:offset + size]
+        offset += size
+    return out, slots
+
+
+def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], quantity: str
+               ) -> torch.Tensor:
+    """``out`` (from :func:`empty`) holding the runner's results (per column, runner name
+    → array) in the module's order of ``pieces``: zeros where a piece is not used, the
+    sum where a tied weight is read in several places, each result copied unless the
+    runner wrote it there. FloatingPointError where it is not finite (every input was
+    checked finite: the arithmetic overflowed)."""
+    for j, values in enumerate(columns):
+        column = out[:, j] if out.ndim == 2 else out
+        offset = 0
+        for _, ours, size in pieces:
+            slot = column[offset:offset + size]
+            if not ours:
+                slot.zero_()
+            else:
+                written(slot, values[ours[0]])
+                for name in ours[1:]:
+                    slot.add_(values[name].reshape(-1))
+            offset += size
+    if not math.isfinite(float(out.sum())) and not bool(torch.isfinite(out).all()):
+        raise overflowed(quantity, out.dtype)
+    return out
+
+
+def refuse_tied(pieces: list[Piece], what: str) -> None:
+    tied = [n for n, ours, _ in pieces if len(ours) > 1]
+    if tied:
+        raise NotImplementedError(
+            f"{what}: {tied[0]} is a tied weight read in several places; its {what} needs "
+            f"the blocks between those places: use loss_hessian(wrt={tied[0]!r}) (or "
+            f"untie it)")
