@@ -25,7 +25,7 @@ def check(args: argparse.Namespace) -> None:
         for given in args.config or ():
             _check_file(given, "--config", "a TOML file")
         if args.config:  # (validating a config may import SymPy, a model config torch)
-            from ..models.config import is_model_table, validate_model
+            from ..models.model_config import is_model_table, validate_model
         for given in args.config or ():
             table = read_table(given)
             if is_model_table(table):

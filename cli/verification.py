@@ -21,8 +21,8 @@ import torch
 from ..codegen import verify as checks
 from ..codegen.verify import check_module
 from ..derivations.config import Config, read_table
-from ..models.config import ModelConfig, is_model_table, validate_model
-from ..models.verify import check_model, model_dims
+from ..models.model_checks import check_model, model_dims
+from ..models.model_config import ModelConfig, is_model_table, validate_model
 
 TOLERANCE = 1e-10
 #: Sizes of the check: L, d, d_k, d_ff (and an embedding's features p, a head's classes c, a

@@ -3,7 +3,7 @@
 blocks, final norm, head)."""
 
 from .chain import Chain, Stack
-from .config import ModelConfig, load_model, validate_model
 from .model import Model
+from .model_config import ModelConfig, load_model, validate_model
 
 __all__ = ["Chain", "Model", "ModelConfig", "Stack", "load_model", "validate_model"]

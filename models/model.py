@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..codegen.resources import MODEL_CONFIGS
 from .chain import Chain, generated
-from .config import ModelConfig, load_model
+from .model_config import ModelConfig, load_model
 
 
 class Model(Chain):

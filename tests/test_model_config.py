@@ -426,12 +426,12 @@ def test_generate_writes_and_verifies_a_model_config(table, tmp_path, capsys, mo
 def test_the_model_check_sees_a_tie_left_out(monkeypatch):
     """The model check fails when the chain drops a tied place's share (its reference reads
     the tied parameter in every place)."""
-    from curvgap.models import verify
+    from curvgap.models import model_checks
     from curvgap.models.ties import Ties
 
     monkeypatch.setattr(Ties, "folded", lambda self, pieces, out=None: {
         k: v for k, v in pieces.items() if k not in self})
-    errors = verify.check_model(validate_model(TIED), "torch", TIED_CASES["tie_embeddings"][1])
+    errors = model_checks.check_model(validate_model(TIED), "torch", TIED_CASES["tie_embeddings"][1])
     assert errors["gradient"] > 1e-3 and errors["hvp"] > 1e-3
 
 

@@ -10,8 +10,8 @@ import torch
 
 from ..codegen import backends
 from ..codegen.verify import reference_loss, reference_output, relative_error
-from .config import ModelConfig
 from .model import Model
+from .model_config import ModelConfig
 
 
 def model_dims(config: ModelConfig, dims: dict[str, int]) -> dict[str, int]:
