@@ -13,10 +13,12 @@ from ..derivations.config import Config
 from ..derivations.description import describe, structure
 from ..derivations.model import Derivation
 from ..derivations.program import Program
+from . import runtime
 from .lowering import lower
 
 #: The codegen files every module backend's output depends on (its source hash).
-MODULE_SOURCES = ("module.py", "lowering.py", "calls.py", "ir.py", "backends/array_printer.py")
+MODULE_SOURCES = ("module.py", "lowering.py", "calls.py", "ir.py", "backends/array_printer.py",
+                  "runtime.py")
 
 #: What each kind of group computes, by the prefix of its name (``V``, ``W`` the variables).
 _PURPOSES = (
@@ -163,4 +165,8 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         joint_gnvp=der.nodes("gnvp_joint"), gnvp=der.nodes("gnvp_params"),
         kronecker=der.structured,
         functions=functions, output=der.output.name,
-        loss_node=der.loss.name)
+        loss_node=der.loss.name,
+        # the runtime, copied from runtime/: the array primitives before the groups, the
+        # rest after them
+        runtime_arrays=runtime.text([runtime.arrays(backend.name)]),
+        runtime=runtime.text(runtime.after_arrays(constant_dims(der.config))))

@@ -8,6 +8,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = PACKAGE_ROOT / "configs"
 MODEL_CONFIGS = CONFIGS / "models"
 TEMPLATES = PACKAGE_ROOT / "templates"
+RUNTIME = PACKAGE_ROOT / "runtime"
 GENERATED = PACKAGE_ROOT / "generated"
 
 

@@ -21,8 +21,10 @@ class Backend:
     ``context(der, backend)`` gives the variables of the template ``template``, looked up in
     the folders ``templates/<folder>`` for ``folder`` in ``templates`` (first wins);
     ``delimiters`` are Jinja's (LaTeX needs other braces). ``sources`` are the codegen files
-    and folders, relative to ``codegen/``, that shape the output: with the engine and the
-    templates they make up its source hash. ``array_module`` is the library its code calls
+    and folders, relative to ``codegen/``, that shape the output: with the engine, the
+    templates and the files ``runtime`` of ``runtime/`` that its modules copy
+    (:mod:`~curvgap.codegen.runtime`) they make up its source hash. ``array_module`` is the
+    library its code calls
     (imported under the printer's ``module`` name). ``from_torch`` converts the verifier's float64
     torch tensors to this backend's arrays; it is None for a backend whose files are not
     modules to run (the document).
@@ -34,6 +36,7 @@ class Backend:
     template: str
     templates: tuple[str, ...]
     sources: tuple[str, ...]
+    runtime: tuple[str, ...] = ()
     suffix: str = ".py"
     comment: str = "#"          # starts each line of the generated file's header
     delimiters: dict[str, str] = field(default_factory=dict)
