@@ -47,7 +47,17 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import attention, calculus, embedding, ffn, head, kronecker, losses, normalization, sizes
+from . import (
+    attention,
+    calculus,
+    embedding,
+    ffn,
+    head,
+    kronecker_structure,
+    losses,
+    normalization,
+    sizes,
+)
 from . import program as programs
 from .config import Config
 from .graph import Graph, Guard, Tensor
@@ -454,7 +464,7 @@ def _kronecker_factors(der: Derivation, v: str, w: str, requires: tuple[str, ...
     (``(q, q')``), averaged over the batch."""
     g = der.graph
     for part, block in blocks.items():
-        products = kronecker.kronecker_products(g, block)
+        products = kronecker_structure.kronecker_products(g, block)
         if not products:
             continue
         nodes = []
