@@ -172,6 +172,11 @@ def test_each_backend_hashes_its_own_sources():
     assert latex_only in sources["latex"] and latex_only not in sources["torch"]
     assert "codegen/backends/numpy/printer.py" not in sources["torch"] | sources["latex"]
     assert "derivations/softmax.py" in sources["numpy"] & sources["torch"] & sources["latex"]
+    # the runtime its modules copy: the common files, and its own array primitives only
+    assert "runtime/contract.py" in sources["numpy"] & sources["torch"]
+    assert "runtime/torch_arrays.py" in sources["torch"]
+    assert "runtime/torch_arrays.py" not in sources["numpy"] | sources["latex"]
+    assert not any(s.startswith("runtime/") for s in sources["latex"])
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED.glob("*/*.py")), ids=lambda p: p.name)

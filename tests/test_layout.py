@@ -1,7 +1,9 @@
 """The house: imports run only downstream along the pipeline, and never in a circle.
 
-The pipeline is ``configs → derivations → codegen → templates → generated``: a package may
-import itself and the packages before it. The tools sit on top of it, in this order:
+The pipeline is ``runtime → configs → derivations → codegen → templates → generated``: a
+package may import itself and the packages before it. ``runtime`` comes first: it is the code
+copied into every generated module, imports nothing of the toolkit, and codegen reads its
+files. The tools sit on top of it, in this order:
 ``data`` (means over datasets and ranks), ``operators`` (curvature as linear operators,
 structured blocks), ``models`` (chains of generated modules), ``adapters`` (real layers),
 ``analysis``, ``benchmarks``, ``cli``; each may import the pipeline and the tools before it,
@@ -16,7 +18,7 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE = ["configs", "derivations", "codegen", "templates", "generated"]
+PIPELINE = ["runtime", "configs", "derivations", "codegen", "templates", "generated"]
 ON_TOP = ["data", "operators", "models", "adapters", "analysis", "benchmarks", "cli"]
 
 
@@ -88,6 +90,27 @@ def test_imports_run_downstream():
             if b in ON_TOP or PIPELINE.index(b) > PIPELINE.index(a):
                 upward.append(f"{module} imports {target}")
     assert not upward, "imports against the pipeline:\n" + "\n".join(sorted(upward))
+
+
+def test_the_runtime_imports_nothing_of_the_toolkit():
+    """``runtime/`` is copied into standalone modules: its files import one another (their
+    stand-ins) and otherwise only the standard library, numpy and torch."""
+    import sys
+
+    graph = _graph()
+    runtime = [name for name in graph if _layer(name) == "runtime"]
+    assert "curvgap.runtime.contract" in runtime
+    assert all(_layer(target) == "runtime" for name in runtime for target in graph[name])
+    allowed = set(sys.stdlib_module_names) | {"numpy", "torch"}
+    for path in (ROOT / "runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module]
+            else:
+                continue
+            assert {n.split(".")[0] for n in names} <= allowed, (path.name, names)
 
 
 def test_no_import_cycles():
