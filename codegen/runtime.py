@@ -8,11 +8,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from ..runtime.loading import body
 from .resources import RUNTIME
-
-#: The stand-in block of a runtime file: imports of what the generated module defines.
-STAND_INS = "# -- stand-ins: the generated module defines these (not copied) --"
-END_STAND_INS = "# -- end stand-ins --"
 
 #: The files every module holds after its groups, in order.
 COMMON = ("arguments.py", "namespace.py", "contract.py", "saved.py")
@@ -27,18 +24,15 @@ OPTIONAL = (
 _RULE = "# " + "-" * 87
 
 
-class RuntimeFileError(ValueError):
-    """A runtime file is not laid out as the generator copies it."""
-
-
 def arrays(backend: str) -> str:
     """The file of ``backend``'s array primitives."""
     return f"{backend}_arrays.py"
 
 
 def sources(backend: str) -> tuple[str, ...]:
-    """Every runtime file that can shape a module of ``backend`` (for its source hash)."""
-    return (arrays(backend), *COMMON, *(name for name, _ in OPTIONAL))
+    """Every runtime file that can shape a module of ``backend`` (for its source hash): those
+    it may hold, and ``loading.py``, which cuts their stand-ins off."""
+    return (arrays(backend), *COMMON, *(name for name, _ in OPTIONAL), "loading.py")
 
 
 def after_arrays(constant_dims: Mapping[str, int]) -> list[str]:
@@ -47,28 +41,12 @@ def after_arrays(constant_dims: Mapping[str, int]) -> list[str]:
                        if any(d in constant_dims for d in dims))]
 
 
-def copied(name: str) -> str:
-    """The text of ``runtime/name`` that a module holds: what follows its stand-in block."""
-    text = (RUNTIME / name).read_text(encoding="utf-8")
-    head, found, _ = text.partition(STAND_INS + "\n")
-    block, ended, body = _.partition(END_STAND_INS + "\n")
-    if not found or not ended:
-        raise RuntimeFileError(f"runtime/{name}: expected a block between {STAND_INS!r} and "
-                               f"{END_STAND_INS!r} after the docstring")
-    module = ast.parse(head)
-    if not (len(module.body) == 1 and ast.get_docstring(module)):
-        raise RuntimeFileError(f"runtime/{name}: expected only a docstring above the stand-ins")
-    if not all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in ast.parse(block).body):
-        raise RuntimeFileError(f"runtime/{name}: expected only imports among the stand-ins")
-    return body.lstrip("\n")
-
-
 def section(name: str) -> str:
     """``runtime/name`` as a module holds it: a banner with its docstring, then its code."""
     text = (RUNTIME / name).read_text(encoding="utf-8")
     doc = ast.get_docstring(ast.parse(text)) or ""
     comment = "\n".join(f"# {line}".rstrip() for line in doc.splitlines())
-    return f"{_RULE}\n# runtime/{name}, copied:\n#\n{comment}\n{_RULE}\n\n{copied(name)}"
+    return f"{_RULE}\n# runtime/{name}, copied:\n#\n{comment}\n{_RULE}\n\n{body(name)}"
 
 
 def text(names: list[str]) -> str:

@@ -60,11 +60,19 @@ def _require_finite(value, argument):
         raise ValueError(f"{argument}: expected finite values, got NaN or inf")
 
 
+def _named(names, most=8):
+    """``names`` as a list to quote in a message: the first ``most`` of a long one (text)."""
+    names = list(names)
+    if len(names) <= most:
+        return str(names)
+    return str(names[:most])[:-1] + f", ... ({len(names)} in all)]"
+
+
 def _check_variable(wrt, argument, names):
     """``wrt`` if it is ``X`` or one of the parameter ``names``, else ValueError (str)."""
-    if wrt != "X" and wrt not in names:
+    if not isinstance(wrt, str) or (wrt != "X" and wrt not in names):
         raise ValueError(f"{argument}: expected 'X' or one of the parameters "
-                         f"{list(names)}, got {wrt!r}")
+                         f"{_named(names)}, got {wrt!r}")
     return wrt
 
 
@@ -95,22 +103,33 @@ def _check_part(part):
 
 
 def _split_direction(v, names, sizes, like):
-    """``v`` over the parameters ``names``, checked and widened: name → its flat view (dict)."""
-    # ``sizes``: every parameter → its number of entries, in the parameters' order, which is
-    # the order of the blocks of ``v``
+    """``v``, the blocks of the parameters ``names`` concatenated in that order, checked and
+    widened: name → its flat view (dict). ``sizes``: each parameter's number of entries."""
     v = _as_array(v, "v", like=like)
     total = sum(sizes[name] for name in names)
     if tuple(v.shape) != (total,):
-        raise ValueError(f"v: expected shape ({total},) (the vec_r of {names} "
+        raise ValueError(f"v: expected shape ({total},) (the vec_r of {_named(names)} "
                          f"concatenated), got shape {tuple(v.shape)}")
     _require_finite(v, "v")
     v = _widened(v)
     views, offset = {}, 0
-    for name, size in sizes.items():
-        if name in names:
-            views[name] = v[offset:offset + size]
-            offset += size
+    for name in names:
+        views[name] = v[offset:offset + sizes[name]]
+        offset += sizes[name]
     return views
+
+
+def _split_directions(v, names, sizes, like):
+    """``v`` of shape ``(n,)`` or ``(n, k)`` (``k`` directions as columns) over the parameters
+    ``names`` as :func:`_split_direction` splits one: a list of one dict per direction."""
+    total = sum(sizes[name] for name in names)
+    if getattr(v, "ndim", 1) == 2 and tuple(v.shape)[:1] == (total,):
+        return [_split_direction(v[:, k], names, sizes, like) for k in range(v.shape[1])]
+    if getattr(v, "ndim", 1) != 1:
+        raise ValueError(f"v: expected shape ({total},) or ({total}, k) (the vec_r of "
+                         f"{_named(names)} concatenated; k directions as columns), got shape "
+                         f"{tuple(getattr(v, 'shape', ()))}")
+    return [_split_direction(v, names, sizes, like)]
 
 
 def _check_slots(out, sizes, like):

@@ -269,3 +269,23 @@ def test_a_one_shot_iterator_is_refused_where_several_passes_are_needed():
             assert torch.allclose(operator @ v, expected, rtol=1e-12, atol=1e-14)
     # one pass over a generator is fine where one is all that is made
     assert torch.allclose(c.hvp((b for b in batches), v), expected, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("function", ["hvp", "gnvp"])
+def test_a_direction_over_wrt_in_any_order_is_read_in_that_order(backend, function):
+    """``v`` holds the ``wrt`` blocks in the order given, as the result does (it was split in
+    ``PARAMS`` order while the result followed ``wrt``: the blocks came back swapped)."""
+    module = generated_module("layernorm_affine", backend)
+    params, X, target = random_case(module, {"L": 3, "d": 4}, batch=2)
+    params, X, target = (to_backend(backend, a) for a in (params, X, target))
+    names = [name for name, _ in module.PARAMS]
+    assert len(names) == 2
+    sizes = [int(np.prod(params[name].shape)) for name in names]
+    v = np.random.default_rng(0).standard_normal(sum(sizes))
+    v = to_backend(backend, torch.from_numpy(v))
+    ordered = getattr(module, function)(params, X, target, v, wrt=names)
+    swapped = v[sizes[0]:], v[:sizes[0]]
+    cat = torch.cat if backend == "torch" else np.concatenate
+    reversed_ = getattr(module, function)(params, X, target, cat(swapped), wrt=names[::-1])
+    expected = cat([ordered[sizes[0]:], ordered[:sizes[0]]])
+    assert float(abs(reversed_ - expected).max()) <= 1e-12 * float(abs(ordered).max())

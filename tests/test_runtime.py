@@ -16,8 +16,12 @@ from curvgap.codegen.backends import MODULE_BACKENDS
 from curvgap.codegen.generate import hashed_sources, source_hash
 from curvgap.codegen.module import constant_dims
 from curvgap.codegen.resources import GENERATED, RUNTIME
+from curvgap.runtime import loading
+from curvgap.runtime.loading import body
 
-COPIED = sorted(p.name for p in RUNTIME.glob("*.py") if not p.name.startswith("_"))
+#: the files copied into modules (``loading.py`` is how the toolkit reads them)
+COPIED = sorted(p.name for p in RUNTIME.glob("*.py")
+                if not p.name.startswith("_") and p.name != "loading.py")
 
 
 def _below_stand_ins(name: str) -> str:
@@ -30,7 +34,7 @@ def _below_stand_ins(name: str) -> str:
 
 def test_every_runtime_file_is_copied_by_some_module():
     copied = {name for b in MODULE_BACKENDS for name in runtime.sources(b.name)}
-    assert copied == set(COPIED)
+    assert copied == {*COPIED, "loading.py"}
     assert {"arguments.py", "contract.py", "saved.py", "rotary.py"} <= copied
 
 
@@ -40,7 +44,7 @@ def test_each_runtime_file_imports_as_plain_python(name):
     generated module are stubs of ``_module_names.py``, or the other runtime files')."""
     module = importlib.import_module(f"curvgap.runtime.{name.removesuffix('.py')}")
     assert module.__doc__
-    assert runtime.copied(name) == _below_stand_ins(name)
+    assert body(name) == _below_stand_ins(name)
 
 
 def test_the_backends_arrays_have_the_same_names():
@@ -111,10 +115,10 @@ def test_a_change_to_the_runtime_changes_the_source_hash(monkeypatch):
 
 def test_a_runtime_file_without_its_stand_in_block_is_refused(tmp_path, monkeypatch):
     (tmp_path / "bad.py").write_text('"""Doc."""\n\nimport math\n')
-    monkeypatch.setattr(runtime, "RUNTIME", tmp_path)
-    with pytest.raises(runtime.RuntimeFileError, match="runtime/bad.py: expected a block"):
-        runtime.copied("bad.py")
-    (tmp_path / "bad.py").write_text(f'"""Doc."""\n\n{runtime.STAND_INS}\nx = 1\n'
-                                     f'{runtime.END_STAND_INS}\n')
-    with pytest.raises(runtime.RuntimeFileError, match="only imports"):
-        runtime.copied("bad.py")
+    monkeypatch.setattr(loading, "HERE", tmp_path)
+    with pytest.raises(loading.RuntimeFileError, match="runtime/bad.py: expected a block"):
+        loading.body("bad.py")
+    (tmp_path / "bad.py").write_text(f'"""Doc."""\n\n{loading.STAND_INS}\nx = 1\n'
+                                     f'{loading.END_STAND_INS}\n')
+    with pytest.raises(loading.RuntimeFileError, match="only imports"):
+        loading.body("bad.py")
