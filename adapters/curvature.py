@@ -34,6 +34,7 @@ from ..models.diagonal import DiagonalCost
 from ..models.memory import check_room
 from ..operators.hessian import CurvatureOperator, part_product
 from ..operators.kronecker import KroneckerSum, kronecker_block
+from ..runtime.loading import checks
 from .fingerprint import fingerprint
 from .inputs import (
     batch_first,
@@ -175,16 +176,11 @@ class Curvature:
         """The module's parameters ``wrt`` names (default: all), checked, in the module's
         order."""
         self._follow()
-        if wrt is None:
-            return list(self.names)
-        names = [wrt] if isinstance(wrt, str) else wrt
-        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
-            raise TypeError(f"wrt: expected a parameter name, a list of names or 'X', got "
-                            f"{wrt!r} ({type(wrt).__name__})")
-        unknown = [n for n in names if n not in self.names]
-        if unknown or not names or len(set(names)) != len(names):
-            raise ValueError(f"wrt: expected distinct names of the module's parameters (such "
-                             f"as {self.names[:2]}) or 'X', got {list(names)}")
+        names = checks("torch")._check_wrt(wrt, self.names)  # as a generated module does
+        if names == ["X"]:
+            raise ValueError("wrt: expected names of the module's parameters here ('X' alone "
+                             "is taken by gradient, jacobian, loss_hessian, diagonal, hvp and "
+                             "gnvp), got 'X'")
         chosen = set(names)
         return [n for n in self.names if n in chosen]
 
@@ -238,7 +234,7 @@ class Curvature:
             return X.new_zeros(n)
         out, slots = empty(pieces, X)
         values, _ = traced.runner().gradient_pieces(params, X, T, out=slots)
-        return assembled(out, [values], pieces, "gradient: the gradient")
+        return assembled(out, [values], pieces, "gradient", "the gradient", X)
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
@@ -299,11 +295,8 @@ class Curvature:
         if isinstance(wrt, str) and wrt == "X":
             return product(params, X, T, v, wrt="X")
         pieces, used, n = self._selection(traced, wrt)
-        if v.ndim not in (1, 2) or v.shape[0] != n or (v.ndim == 2 and v.shape[1] == 0):
-            raise ValueError(f"v: expected shape ({n},) or ({n}, k) with k >= 1 (the entries "
-                             f"of {wrt or 'every parameter'} in the module's order), got shape "
-                             f"{tuple(v.shape)}")
         if not used:
+            directions(v, pieces, params)  # checked all the same
             return torch.zeros_like(v)
         return self._applied(kind, traced, params, X, T, v, pieces)
 
@@ -319,7 +312,7 @@ class Curvature:
                                               directions(v, pieces, params), keep,
                                               out=[slots] if slots else None)
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
-        return assembled(out, values, pieces, f"{kind}: the {name}-vector product")
+        return assembled(out, values, pieces, kind, f"the {name}-vector product", X)
 
     @over_batches(state=lambda self: self.module)
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",

@@ -6,11 +6,10 @@ module's, and directions over the module's split into the runners'."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..models.arrays import overflowed, written
+from ..models.arrays import written
+from ..runtime.loading import checks
 from .traced import Traced
 
 #: ``(module parameter, the runners' names for it, entries)``
@@ -62,19 +61,14 @@ def spread(values: torch.Tensor, pieces: list[Piece], used: list[str], axis: int
 
 
 def directions(v: torch.Tensor, pieces: list[Piece], params: dict) -> list[dict]:
-    """Per column of ``v`` (one for a vector; entries of ``pieces`` in the module's order),
-    the direction of each runner parameter: a view of ``v`` shaped as the parameter (a tied
-    weight's for each place it is read)."""
-    columns = [v] if v.ndim == 1 else [v[:, j] for j in range(v.shape[1])]
-    directions = []
-    for column in columns:
-        direction, offset = {}, 0
-        for _, ours, size in pieces:
-            for name in ours:
-                direction[name] = column[offset:offset + size].reshape(params[name].shape)
-            offset += size
-        directions.append(direction)
-    return directions
+    """Per column of ``v`` (``(n,)`` or ``(n, k)``: the entries of ``pieces`` in the module's
+    order; checked as a generated module checks ``v``), the direction of each runner
+    parameter: a view of ``v`` shaped as the parameter (a tied weight's for each place it is
+    read)."""
+    sizes = {name: size for name, _, size in pieces}
+    columns = checks("torch")._split_directions(v, [name for name, _, _ in pieces], sizes, None)
+    return [{runner: views[name].reshape(params[runner].shape)
+             for name, ours, _ in pieces for runner in ours} for views in columns]
 
 
 def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
@@ -93,13 +87,13 @@ def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
     return out, slots
 
 
-def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], quantity: str
-               ) -> torch.Tensor:
+def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], function: str,
+              quantity: str, X: torch.Tensor) -> torch.Tensor:
     """``out`` (from :func:`empty`) holding the runner's results (per column, runner name
     → array) in the module's order of ``pieces``: zeros where a piece is not used, the
     sum where a tied weight is read in several places, each result copied unless the
     runner wrote it there. FloatingPointError where it is not finite (every input was
-    checked finite: the arithmetic overflowed)."""
+    checked finite: the arithmetic overflowed), as a generated module says it."""
     for j, values in enumerate(columns):
         column = out[:, j] if out.ndim == 2 else out
         offset = 0
@@ -112,9 +106,7 @@ def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], quant
                 for name in ours[1:]:
                     slot.add_(values[name].reshape(-1))
             offset += size
-    if not math.isfinite(float(out.sum())) and not bool(torch.isfinite(out).all()):
-        raise overflowed(quantity, out.dtype)
-    return out
+    return checks("torch")._checked(out, out.dtype, function, quantity, {"X": X})
 
 
 def refuse_tied(pieces: list[Piece], what: str) -> None:

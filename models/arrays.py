@@ -1,10 +1,10 @@
 """The array calls a chain makes beyond its parts' generated functions, one object per
 backend (:data:`ARRAYS`: ``"torch"``, ``"numpy"``), so that the sweeps read the same for both;
-and the results written into their slice of a flat array (:func:`written`) and checked for
-overflow (:func:`overflowed`).
+and the results written into their slice of a flat array (:func:`written`).
 
-Results are computed in float32 where the inputs are float16 or bfloat16 (:meth:`wide`) and
-cast back to the inputs' dtype at the end (:meth:`cast`)."""
+Results are computed in float32 where the inputs are float16 or bfloat16 (:meth:`wide`, the
+generated modules' own widening, :mod:`curvgap.runtime`) and cast back to the inputs' dtype at
+the end (:meth:`cast`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ..runtime import numpy_arrays, torch_arrays
 
 Array = Any  # a torch tensor, or a numpy array for the numpy backend
 
@@ -27,13 +29,6 @@ def written(array: Array, value: Array) -> None:
     elif not (value.ctypes.data == array.ctypes.data and value.flags.c_contiguous
               and value.size == array.size and value.dtype == array.dtype):
         array[...] = value.reshape(-1)
-
-
-def overflowed(quantity: str, dtype: Any) -> FloatingPointError:
-    """The error for a result with inf or NaN entries although every input was finite."""
-    return FloatingPointError(f"{quantity} has entries that are inf or NaN although every "
-                              f"input is finite: the arithmetic overflowed {dtype}; pass "
-                              "inputs and parameters of smaller magnitude (or float64)")
 
 
 class NumpyArrays:
@@ -68,15 +63,12 @@ class NumpyArrays:
 
     def cast(self, value: Array, like: Array) -> Array:
         """``value`` in the dtype of ``like``."""
-        return value.astype(like.dtype)
+        return numpy_arrays._cast(value, like.dtype)
 
     def wide(self, a: Any) -> Any:
-        """``a`` in the dtype it is computed in: float16 in float32 (anything else as it
-        is)."""
-        return a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
-
-    def finite(self, value: Array) -> bool:
-        return bool(np.isfinite(value).all())
+        """``a`` in the dtype it is computed in (float16 in float32; anything else, such as
+        ``None``, as it is)."""
+        return numpy_arrays._widened(a) if isinstance(a, np.ndarray) else a
 
     def itemsize(self, like: Array) -> int:
         """The bytes of one entry of ``like``'s dtype."""
@@ -143,16 +135,12 @@ class TorchArrays:
 
     def cast(self, value: Array, like: Array) -> Array:
         """``value`` in the dtype of ``like``."""
-        return value.to(like.dtype)
+        return torch_arrays._cast(value, like.dtype)
 
     def wide(self, a: Any) -> Any:
-        """``a`` in the dtype it is computed in: float16 and bfloat16 tensors in float32
-        (anything else as it is)."""
-        narrow = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
-        return a.float() if narrow else a
-
-    def finite(self, value: Array) -> bool:
-        return bool(torch.isfinite(value).all())
+        """``a`` in the dtype it is computed in (float16 and bfloat16 in float32; anything
+        else, such as ``None``, as it is)."""
+        return torch_arrays._widened(a) if isinstance(a, torch.Tensor) else a
 
     def itemsize(self, like: Array) -> int:
         """The bytes of one entry of ``like``'s dtype."""

@@ -32,7 +32,8 @@ from ..codegen.cache import module_for
 from ..data import over_batches
 from ..derivations.config import Config
 from ..derivations.program import Program
-from .arrays import ARRAYS, Array, overflowed, written
+from ..runtime.loading import checks
+from .arrays import ARRAYS, Array, written
 from .diagonal import BoundedDiagonal, DiagonalCost, bounds
 from .hessian import Point, backpropagate
 from .ties import Ties
@@ -92,6 +93,7 @@ class Chain:
                             f"for {configs}: Chain.generate(parts) generates their modules")
         self.backend = backend
         self.arrays = ARRAYS[backend]
+        self.checks = checks(backend)  # the generated modules' own argument checks
         self.prefixes = [prefix for prefix, _ in parts]
         self.modules: list[ModuleType] = [module for _, module in parts]
         self.part_params = [[name for name, _ in module.PARAMS] for module in self.modules]
@@ -223,12 +225,11 @@ class Chain:
         inputs, _, cotangents = self._backward(layers, X, target)
         return inputs, [*cotangents[1:], None]
 
-    def _finished(self, value: Array, like: Array, quantity: str) -> Array:
-        """``value`` in the dtype of ``like``; FloatingPointError where it is not finite
-        (every input was checked finite: the arithmetic overflowed)."""
-        if not self.arrays.finite(value):
-            raise overflowed(quantity, value.dtype)
-        return self.arrays.cast(value, like)
+    def _finished(self, value: Array, like: Array, function: str, quantity: str) -> Array:
+        """``value`` in the dtype of ``like`` (``X``); FloatingPointError where it is not
+        finite (every input was checked finite: the arithmetic overflowed), as a generated
+        module says it."""
+        return self.checks._checked(value, like.dtype, function, quantity, {"X": like})
 
     def _widened(self, params: dict[str, Array], X: Array, *others: Array) -> tuple:
         """``params``, ``X`` and ``others`` in the dtype they are computed in
@@ -286,19 +287,20 @@ class Chain:
                                             target[None] if single else target, out)
         if wrt == "X":
             value = in_X.reshape(in_X.shape[0], -1)
-            return self._finished(value[0] if single else value, X, "the gradient in X")
+            return self._finished(value[0] if single else value, X, "gradient",
+                                  "the gradient in X")
         for name in self.PARAMS:
             written(out[name], pieces[name])
-        return self._finished(flat, X, "the gradient")
+        return self._finished(flat, X, "gradient", "the gradient")
 
     def _chosen(self, wrt: str | list[str] | None, tied: bool = True) -> list[list[str]]:
-        """Per part, the names of its parameters in ``wrt`` (default: all), in its order,
-        with (``tied``) the other places a tie reads them."""
-        names = self.PARAMS if wrt is None else [wrt] if isinstance(wrt, str) else list(wrt)
-        unknown = [n for n in names if n not in self.PARAMS]
-        if unknown or not names or len(set(names)) != len(names):
-            raise ValueError(f"wrt: expected distinct names of PARAMS (such as "
-                             f"{self.PARAMS[0]!r}), got {names}")
+        """Per part, the names of its parameters in ``wrt`` (default: all), in its order
+        (the blocks of results and directions follow ``PARAMS``), with (``tied``) the other
+        places a tie reads them."""
+        names = self.checks._check_wrt(wrt, self.PARAMS)  # as a generated module checks it
+        if names == ["X"]:
+            raise ValueError("wrt: expected names of PARAMS here ('X' alone is taken by "
+                             "gradient, loss_hessian, diagonal, hvp and gnvp), got 'X'")
         if tied:
             names = [*names, *(t for t, source in self.ties.items() if source in names)]
         return [[n for n, key in keys.items() if key in names] for keys in self.part_keys]
@@ -358,9 +360,9 @@ class Chain:
         """:func:`~curvgap.models.hessian.backpropagate` over the parameters ``chosen`` (per
         part) at ``params, X, target``, in ``X``'s dtype: ``(H (n, n), ∂²ℓ_b/∂X² (B, n_X,
         n_X) or None, ∂²ℓ_b/∂X∂θ (B, n_X, n) or None)``."""
-        if part not in ("full", "gauss_newton"):
-            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
-                             f"{part!r}")
+        if self.checks._check_part(part) == "functional":
+            raise ValueError("part: expected 'full' or 'gauss_newton' here (the functional "
+                             "part is their difference), got 'functional'")
         like = X
         params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)
@@ -410,9 +412,9 @@ class Chain:
         if part == "functional":
             return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk)
                     - self.diagonal(params, X, target, wrt, "gauss_newton", max_memory, chunk))
-        if part not in ("full", "gauss_newton"):
-            raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got "
-                             f"{part!r}")
+        if self.checks._check_part(part) == "functional":
+            raise ValueError("part: expected 'full' or 'gauss_newton' here (the functional "
+                             "part is their difference), got 'functional'")
         budget = bounds(max_memory, chunk)
         to_input = isinstance(wrt, str) and wrt == "X"
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
@@ -527,7 +529,7 @@ class Chain:
         if single:
             X, target = X[None], target[None]
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
-        quantity = f"{kind}: the {name}-vector product"
+        quantity = f"the {name}-vector product"
         if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
             n = int(np.prod(X.shape[1:]))
             expected = (n,) if single else (X.shape[0], n)
@@ -536,30 +538,24 @@ class Chain:
                                  f"sample), got shape {tuple(v.shape)}")
             down = self.product_pieces(kind, params, X, target, v.reshape(X.shape))[0]
             value = down.reshape(X.shape[0], -1)
-            return self._finished(value[0] if single else value, X, quantity)
+            return self._finished(value[0] if single else value, X, kind, quantity)
         chosen = self._keys(self._chosen(wrt, tied=False))  # checked, in PARAMS order
-        shapes = [tuple(params[name].shape) for name in chosen]
-        sizes = [int(np.prod(shape)) for shape in shapes]
-        if getattr(v, "ndim", 1) not in (1, 2) or tuple(v.shape[:1]) != (sum(sizes),):
-            raise ValueError(f"v: expected shape ({sum(sizes)},) or ({sum(sizes)}, k) (the "
-                             f"vec_r of the wrt parameters concatenated), got shape "
-                             f"{tuple(v.shape)}")
+        shapes = {name: tuple(params[name].shape) for name in chosen}
+        sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
+        # checked and split as a generated module splits it
+        directions = [{name: view.reshape(shapes[name]) for name, view in views.items()}
+                      for views in self.checks._split_directions(v, chosen, sizes, X)]
         matrix = v.ndim == 2
-        directions = []
-        for column in ([v[:, j] for j in range(v.shape[1])] if matrix else [v]):
-            offsets = np.cumsum([0, *sizes])
-            directions.append({name: column[offsets[i]:offsets[i + 1]].reshape(shape)
-                               for i, (name, shape) in enumerate(zip(chosen, shapes))})
         if matrix:
             results = [self.arrays.cat([pieces[name].reshape(-1) for name in chosen])
                        for pieces in self.product_pieces(kind, params, X, target, directions)]
             value = self.arrays.stack(results, 1)
-            return self._finished(value, X, quantity)
+            return self._finished(value, X, kind, quantity)
         value, out = self._flat_out(params, chosen, X)
         (pieces,) = self.product_pieces(kind, params, X, target, directions, out=[out])
         for name in chosen:
             written(out[name], pieces[name])
-        return self._finished(value, X, quantity)
+        return self._finished(value, X, kind, quantity)
 
     @over_batches()
     def hvp(self, params: dict[str, Array], X: Array, target: Array, v: Array,

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from .._extras import require
-
-PARTS = ("full", "gauss_newton", "functional")
+from ..runtime.loading import checks
 
 
 class CurvatureOperator:
@@ -77,9 +76,8 @@ class CurvatureOperator:
 
 
 def check_part(part: str) -> str:
-    if part not in PARTS:
-        raise ValueError(f"part: expected 'full', 'gauss_newton' or 'functional', got {part!r}")
-    return part
+    """``part`` if it is a loss-Hessian part, else ValueError (the generated modules' check)."""
+    return checks("torch")._check_part(part)
 
 
 def part_product(hvp: Callable[[torch.Tensor], torch.Tensor],

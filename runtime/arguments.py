@@ -60,6 +60,12 @@ def _require_finite(value, argument):
         raise ValueError(f"{argument}: expected finite values, got NaN or inf")
 
 
+def _a(value):
+    """What ``value`` is, as text: ``a list``, ``an int``."""
+    kind = type(value).__name__
+    return ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+
+
 def _named(names, most=8):
     """``names`` as a list to quote in a message: the first ``most`` of a long one (text)."""
     names = list(names)
@@ -71,8 +77,9 @@ def _named(names, most=8):
 def _check_variable(wrt, argument, names):
     """``wrt`` if it is ``X`` or one of the parameter ``names``, else ValueError (str)."""
     if not isinstance(wrt, str) or (wrt != "X" and wrt not in names):
+        got, by = (repr(wrt), "") if isinstance(wrt, str) else (_a(wrt), " by name")
         raise ValueError(f"{argument}: expected 'X' or one of the parameters "
-                         f"{_named(names)}, got {wrt!r}")
+                         f"{_named(names)}{by}, got {got}")
     return wrt
 
 
@@ -82,7 +89,7 @@ def _check_wrt(wrt, names):
         return list(names) or ["X"]
     if not isinstance(wrt, (str, list, tuple)):
         raise TypeError(f"wrt: expected 'X', a parameter name or a list of names, got "
-                        f"{wrt!r} ({type(wrt).__name__})")
+                        f"{_a(wrt)}")
     chosen = [wrt] if isinstance(wrt, str) else list(wrt)
     if not chosen:
         raise ValueError("wrt: expected 'X' or a non-empty list of parameter names, got []")
@@ -103,8 +110,8 @@ def _check_part(part):
 
 
 def _split_direction(v, names, sizes, like):
-    """``v``, the blocks of the parameters ``names`` concatenated in that order, checked and
-    widened: name → its flat view (dict). ``sizes``: each parameter's number of entries."""
+    """``v`` (the ``names`` blocks concatenated, in that order), checked: name → flat view."""
+    # ``sizes``: each parameter's number of entries; the views widened (float16 in float32)
     v = _as_array(v, "v", like=like)
     total = sum(sizes[name] for name in names)
     if tuple(v.shape) != (total,):
@@ -120,14 +127,14 @@ def _split_direction(v, names, sizes, like):
 
 
 def _split_directions(v, names, sizes, like):
-    """``v`` of shape ``(n,)`` or ``(n, k)`` (``k`` directions as columns) over the parameters
-    ``names`` as :func:`_split_direction` splits one: a list of one dict per direction."""
+    """``v`` ``(n,)`` or ``(n, k)`` (directions as columns), split: one dict per direction."""
+    # each column as :func:`_split_direction` splits one
     total = sum(sizes[name] for name in names)
-    if getattr(v, "ndim", 1) == 2 and tuple(v.shape)[:1] == (total,):
+    if getattr(v, "ndim", 1) == 2 and tuple(v.shape)[:1] == (total,) and v.shape[1] >= 1:
         return [_split_direction(v[:, k], names, sizes, like) for k in range(v.shape[1])]
     if getattr(v, "ndim", 1) != 1:
-        raise ValueError(f"v: expected shape ({total},) or ({total}, k) (the vec_r of "
-                         f"{_named(names)} concatenated; k directions as columns), got shape "
+        raise ValueError(f"v: expected shape ({total},) or ({total}, k), k >= 1 (the vec_r "
+                         f"of {_named(names)} concatenated; k directions as columns), got shape "
                          f"{tuple(getattr(v, 'shape', ()))}")
     return [_split_direction(v, names, sizes, like)]
 

@@ -318,11 +318,16 @@ def test_an_operation_outside_the_vocabulary_is_refused_with_its_path():
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda c, X, T: c.gradient(X.tolist(), T), TypeError, r"X: expected a tensor .*got a list"),
-    (lambda c, X, T: c.gradient(X, T, wrt=[]), ValueError, r"wrt: expected distinct names"),
-    (lambda c, X, T: c.gradient(X, T, wrt=5), TypeError, r"wrt: expected a parameter name"),
+    (lambda c, X, T: c.gradient(X, T, wrt=[]), ValueError, r"wrt: expected 'X' or a non-empty "
+                                                           r"list of parameter names, got \[\]"),
+    (lambda c, X, T: c.gradient(X, T, wrt=5), TypeError, r"wrt: expected 'X', a parameter "
+                                                         r"name or a list of names, got an int"),
+    (lambda c, X, T: c.gradient(X, T, wrt=[c.module.self_attn.in_proj_weight]), ValueError,
+     r"wrt: expected 'X' or one of the parameters \['self_attn.in_proj_weight', .*\(12 in "
+     r"all\)\] by name, got a Parameter$"),
     (lambda c, X, T: c.hvp(X, T, X.numpy()), TypeError, r"v: expected a torch.Tensor"),
     (lambda c, X, T: c.hvp(X, T, torch.zeros(10, 0, dtype=DTYPE)), ValueError,
-     r"v: expected shape \(\d+,\) or \(\d+, k\) with k >= 1"),
+     r"v: expected shape \(\d+,\) or \(\d+, k\), k >= 1"),
     (lambda c, X, T: c.gradient(X.long(), T), ValueError,
      r"X: TransformerEncoderLayer does not run on these inputs"),
     (lambda c, X, T: c.gradient(X.bool(), T), TypeError,

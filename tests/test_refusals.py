@@ -196,7 +196,7 @@ def test_wrt_of_the_wrong_type(backend):
     if backend == "numpy":
         X, params = X.numpy(), {k: v.numpy() for k, v in params.items()}
     with pytest.raises(TypeError, match=r"wrt: expected 'X', a parameter name or a list of "
-                                        r"names, got 5 \(int\)"):
+                                        r"names, got an int"):
         module.loss_hessian(params, X, X, wrt=5)
     with pytest.raises(ValueError, match="wrt: expected 'X' or one of the parameters"):
         module.jacobian(params, X, 5)
