@@ -48,7 +48,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -58,6 +57,7 @@ from ..derivations.config import Config
 from ..derivations.program import Program
 from .backends import MODULE_BACKENDS
 from .backends import backend as backend_named
+from .durable import write_atomically
 from .fused import fuse
 from .generate import body_hash, render_all, source_hash, split_header
 
@@ -326,7 +326,7 @@ def _write(folder: Path, key: str, backend: str, render: Callable[[], Mapping[st
         try:
             if target.is_symlink() or not target.is_file() or \
                     target.read_bytes() != content.encode("utf-8"):
-                _write_atomically(target, content)
+                write_atomically(target, content)
         except OSError as error:
             raise CacheError(_cannot(f"write {target}", error)) from None
     return files[backend]
@@ -358,42 +358,9 @@ def _checked(files: Mapping[str, str], backend: str, expected: _Expected) -> dic
     return out
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all: a flushed temporary file in its folder, then a
-    rename over it, then the folder flushed."""
-    temporary = _write_temporary(path, text)
-    try:
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-
-
-def _write_temporary(path: Path, text: str) -> Path:
-    """A temporary file beside ``path`` holding ``text``, flushed to disk."""
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with open(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o644)
-            os.fsync(handle.fileno())
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    return Path(name)
-
-
 def _remove_temporaries(path: Path) -> None:
     """Remove what a killed writer of ``path`` left (only a lock holder writes it)."""
     for leftover in path.parent.glob(f".{path.name}.*.tmp"):
         leftover.unlink(missing_ok=True)
 
 
-def _fsync_folder(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

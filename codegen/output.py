@@ -24,6 +24,9 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from . import durable
+from .durable import fsync_folder
+
 
 class OutputError(RuntimeError):
     """The output folder cannot be written; it was left as it was."""
@@ -101,7 +104,7 @@ def switch(out: Path, files: dict[str, str]) -> None:
     else:
         _exchange(new, out)
     try:  # switched: what fails from here on is left for the next run (and --check) to clean
-        _fsync_folder(out.parent)
+        fsync_folder(out.parent)
         recover(out)
     except OSError:
         pass
@@ -111,24 +114,18 @@ def write_file(path: Path, text: str) -> None:
     """Write one file whole or not at all: a flushed temporary beside it, then a rename.
     :class:`OutputError` if ``path`` is a symbolic link (never written through)."""
     with replacing(path) as temporary:
-        _write_durably(temporary, text)
+        temporary.write_text(text, encoding="utf-8")
 
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` (same suffix) for the caller to write; when the
     block ends without error, it is flushed and renamed over ``path`` in one step, else
-    removed. :class:`OutputError` if ``path`` is a symbolic link (never written through) or
-    a folder."""
+    removed (:func:`~.durable.replacing`). :class:`OutputError` if ``path`` is a symbolic
+    link (never written through) or a folder."""
     check_files(path.parent, [path.name])
-    temporary = path.with_name(f".{path.stem}.curvgap-new{path.suffix}")
-    try:
+    with durable.replacing(path, path.suffix) as temporary:
         yield temporary
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def check_files(folder: Path, names: Iterable[str], option: str = "--out") -> None:
@@ -204,14 +201,6 @@ def _write_durably(path: Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _fsync_folder(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _exchange(a: Path, b: Path) -> None:

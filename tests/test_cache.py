@@ -143,13 +143,13 @@ def test_five_processes_using_a_new_module_at_once_generate_it_once(cold):
 #: temporary half written) or "published" (the first file in place, not the second).
 KILLED = """
 import os, sys, time
-from curvgap.codegen import cache
+from curvgap.codegen import cache, durable
 from curvgap.derivations.config import load
 step = sys.argv[2]
 def stop():
     print(step, flush=True)
     time.sleep(3600)
-real_render, real_fsync, real_folder = cache.render_all, os.fsync, cache._fsync_folder
+real_render, real_fsync, real_folder = cache.render_all, os.fsync, durable.fsync_folder
 def render_all(*args, **kwargs):
     if step == "rendering":
         stop()
@@ -163,7 +163,7 @@ def fsync_folder(path):
     if step == "published":
         stop()
     return real_folder(path)
-cache.render_all, os.fsync, cache._fsync_folder = render_all, fsync, fsync_folder
+cache.render_all, os.fsync, durable.fsync_folder = render_all, fsync, fsync_folder
 cache.module_for(load(sys.argv[1]), "torch")
 """
 

@@ -20,7 +20,7 @@ from curvgap.codegen.resources import CONFIGS, GENERATED
 from curvgap.derivations.config import load
 
 SMALL = [load(CONFIGS / name) for name in ("layernorm.toml", "ffn.toml")]
-STEPS = ("_copy_tree", "_rename", "_write_durably", "_exchange", "_swap", "_fsync_folder",
+STEPS = ("_copy_tree", "_rename", "_write_durably", "_exchange", "_swap", "fsync_folder",
          "_remove")
 
 
