@@ -31,9 +31,9 @@ import torch
 
 from ..codegen.resources import shipped_configs
 from ..derivations.config import load
+from ..derivations.derivation import Derivation, derive
 from ..derivations.functions import ScalarFn, x
 from ..derivations.indexform import Apply, Delta, Expr, Ref
-from ..derivations.model import Derivation, derive
 
 Degree = sp.Rational | None  # None: the tensor is identically zero
 PARTS = ("gauss_newton", "functional")

@@ -24,7 +24,7 @@ def _latex(name: str, out: str, pdf: bool) -> int:
     from ..codegen.generate import GenerationError, is_shipped_folder, render
     from ..codegen.resources import GENERATED, shipped_configs
     from ..derivations.config import load
-    from ..derivations.model import derive
+    from ..derivations.derivation import derive
 
     try:
         config = load(latex_path(name))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..derivations.config import Config, ConfigError, load
-from ..derivations.model import Derivation, derive
+from ..derivations.derivation import Derivation, derive
 from ..derivations.program import Program
 from . import output
 from .backends import BACKENDS, MODULE_BACKENDS, Backend

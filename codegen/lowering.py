@@ -29,9 +29,9 @@ import opt_einsum
 import sympy as sp
 
 from ..derivations import sizes
+from ..derivations.derivation import Derivation
 from ..derivations.graph import Assign, Graph
 from ..derivations.indexform import Apply, Index, Ref, Term
-from ..derivations.model import Derivation
 from ..derivations.program import Program
 from . import ir
 

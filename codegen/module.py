@@ -10,8 +10,8 @@ from typing import Any
 
 from ..derivations import sizes
 from ..derivations.config import Config
+from ..derivations.derivation import Derivation
 from ..derivations.description import describe, structure
-from ..derivations.model import Derivation
 from ..derivations.program import Program
 from . import runtime
 from .lowering import lower

@@ -19,7 +19,7 @@ from curvgap.codegen.backends.latex.document import Builder, _notation
 from curvgap.codegen.generate import render
 from curvgap.codegen.resources import GENERATED
 from curvgap.derivations import evaluate, matrixform, sizes
-from curvgap.derivations.model import derive
+from curvgap.derivations.derivation import derive
 
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7, "R": 2}
 PDFLATEX = shutil.which("pdflatex")

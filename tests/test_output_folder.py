@@ -189,7 +189,7 @@ MINE = 'name = "layernorm"\nkind = "layernorm"\neps = 1e-3\naffine = false\n'
 @pytest.fixture
 def nothing_derived(monkeypatch):
     """Fail the test if anything is derived (a path refusal must come first)."""
-    import curvgap.derivations.model as model
+    import curvgap.derivations.derivation as model
     from curvgap.codegen import generate as generation
 
     def derive(*args, **kwargs):

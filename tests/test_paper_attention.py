@@ -12,8 +12,8 @@ from conftest import commutation
 
 from curvgap.analysis import bounds
 from curvgap.derivations.config import validate
+from curvgap.derivations.derivation import derive
 from curvgap.derivations.indexform import Delta
-from curvgap.derivations.model import derive
 from curvgap.generated.numpy import self_attention as attention
 
 L, d, d_k = 3, 4, 2

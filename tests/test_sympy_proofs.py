@@ -14,9 +14,9 @@ import sympy as sp
 
 from curvgap.derivations import sizes
 from curvgap.derivations.config import validate
+from curvgap.derivations.derivation import derive
 from curvgap.derivations.evaluate import evaluate
 from curvgap.derivations.functions import power, x
-from curvgap.derivations.model import derive
 from curvgap.derivations.sizes import B
 
 

@@ -15,8 +15,8 @@ from curvgap.codegen.backends import backend as backend_named
 from curvgap.codegen.generate import generate, render
 from curvgap.codegen.verify import check_module, random_case
 from curvgap.derivations.config import ConfigError, load, validate
+from curvgap.derivations.derivation import derive
 from curvgap.derivations.losses import r, register_residual_loss
-from curvgap.derivations.model import derive
 
 TOLERANCE = 1e-10
 DIMS = {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}

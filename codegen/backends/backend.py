@@ -10,7 +10,7 @@ from typing import Any
 import jinja2
 from sympy.printing.printer import Printer
 
-from ...derivations.model import Derivation
+from ...derivations.derivation import Derivation
 from ..resources import TEMPLATES
 
 

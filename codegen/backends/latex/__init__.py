@@ -5,7 +5,7 @@ prints one expression."""
 from __future__ import annotations
 
 from ....derivations.config import Config
-from ....derivations.model import Derivation, derive
+from ....derivations.derivation import Derivation, derive
 from ..backend import Backend
 from .document import document_context
 from .printer import LatexPrinter, latex

@@ -1,6 +1,6 @@
 """A config's derivation as a LaTeX document, in the order of the paper's appendix.
 
-:func:`document_context` turns a :class:`~curvgap.derivations.model.Derivation` into
+:func:`document_context` turns a :class:`~curvgap.derivations.derivation.Derivation` into
 sections of numbered formulas, each in the engine's index form (always exact) and, where
 :mod:`~curvgap.derivations.matrixform` recognises the structure, in the paper's matrix
 form; the template ``templates/latex/document.tex.jinja`` lays them out.
@@ -15,10 +15,10 @@ import sympy as sp
 
 from ....derivations import matrixform as mf
 from ....derivations.config import Config
+from ....derivations.derivation import Derivation
 from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
 from ....derivations.indexform import Index
-from ....derivations.model import Derivation
 from ....derivations.paper import WEIGHTS, BlockObjects
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
