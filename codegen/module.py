@@ -168,5 +168,6 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         loss_node=der.loss.name,
         # the runtime, copied from runtime/: the array primitives before the groups, the
         # rest after them
+        api=runtime.api_text(),
         runtime_arrays=runtime.text([runtime.arrays(backend.name)]),
         runtime=runtime.text(runtime.after_arrays(constant_dims(der.config))))

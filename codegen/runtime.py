@@ -6,6 +6,7 @@ for), each copied as it is below its stand-in imports, its docstring as a commen
 from __future__ import annotations
 
 import ast
+import textwrap
 from collections.abc import Mapping
 
 from ..runtime.loading import body
@@ -39,6 +40,23 @@ def after_arrays(constant_dims: Mapping[str, int]) -> list[str]:
     """The runtime files a module with ``constant_dims`` holds after its groups, in order."""
     return [*COMMON, *(name for name, dims in OPTIONAL
                        if any(d in constant_dims for d in dims))]
+
+
+def public(name: str) -> list[str]:
+    """The public functions of ``runtime/name`` (a module's API), in the file's order."""
+    tree = ast.parse((RUNTIME / name).read_text(encoding="utf-8"))
+    return [n.name for n in tree.body
+            if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+
+
+def api_text(width: int = 90) -> list[str]:
+    """The lines of a module docstring's "Public API" paragraph (every public function of
+    ``contract.py``, then those of ``saved.py`` for chaining modules)."""
+    quoted = ", ".join(f"``{name}``" for name in ["PARAMS", "STRUCTURED", *public("contract.py")])
+    chaining = ", ".join(f"``{name}``" for name in public("saved.py"))
+    text = (f"Public API: {quoted}; for chaining modules (one forward pass kept, as autograd "
+            f"keeps it): {chaining}.")
+    return textwrap.wrap(text, width)
 
 
 def section(name: str) -> str:
