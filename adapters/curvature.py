@@ -344,6 +344,15 @@ class Curvature:
         self.diagonal_cost = runner.diagonal_cost if isinstance(runner, Chain) else None
         return value
 
+    @over_batches(state=lambda self: self.module)
+    def hessian_trace(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
+                      part: str = "full", max_memory: int | None = None,
+                      chunk: int | None = None, **inputs: Any) -> torch.Tensor:
+        """The trace of :meth:`loss_hessian` over ``wrt`` (default: every parameter), a
+        scalar, summed from its exact :meth:`diagonal` (the Hessian never formed; what a
+        Hutchinson estimate approximates); with ``wrt="X"`` per sample, ``(B,)``."""
+        return self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs).sum(-1)
+
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
                         wrt_j: str | None = None, part: str = "full",
                         **inputs: Any) -> KroneckerSum:

@@ -431,6 +431,14 @@ class Chain:
         return self.arrays.cast(self.arrays.cat([pieces[k] for k in range(lowest, self.depth)
                                                  if chosen[k]]), like)
 
+    def hessian_trace(self, params: dict[str, Array], X: Array, target: Array,
+                      wrt: str | list[str] | None = None, part: str = "full",
+                      max_memory: int | None = None, chunk: int | None = None) -> Array:
+        """The trace of :meth:`loss_hessian` over ``wrt``, a scalar, summed from its exact
+        :meth:`diagonal` (in bounded memory; the Hessian never formed); with ``wrt="X"``
+        per sample, ``(B,)``."""
+        return self.diagonal(params, X, target, wrt, part, max_memory, chunk).sum(-1)
+
     def jacobian(self, params: dict[str, Array], X: Array, wrt: str) -> Array:
         """``∂vec_r(Z_N)/∂vec_r(wrt)^T`` per sample, ``(B, n_Z, n_wrt)``, ``wrt`` a name of
         ``PARAMS`` or ``"X"``: the part's own Jacobian times the input Jacobians of the

@@ -206,6 +206,12 @@ def diagonal(params, X, target, wrt=None, part="full"):
                    f"the diagonal of the {part} loss Hessian in {names}")
 
 
+def hessian_trace(params, X, target, wrt=None, part="full"):
+    """The trace of ``loss_hessian(params, X, target, wrt, part)``, a scalar, summed from its
+    exact ``diagonal`` (the Hessian never formed); with ``wrt="X"`` per sample, ``(B,)``."""
+    return diagonal(params, X, target, wrt, part).sum(-1)
+
+
 def _row_parameter(wrt):
     """``wrt`` if it names a parameter with a diagonal on rows, else ValueError (str)."""
     if wrt not in _ROW_DIRECTIONS:

@@ -141,3 +141,15 @@ def test_transformer_encoder_through_curvature_equals_autograd():
         loss = torch.nn.functional.mse_loss(model(X), T)
         flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
     assert relative(c.gradient(X, T), flat) <= 1e-12
+
+
+def test_the_hessian_trace_is_the_trace_of_autograds_hessian(case, expected_hessian):
+    """The trace from the exact diagonal (the Hessian never formed), over every parameter
+    and over one layer's: the trace of autograd's full Hessian and of its block."""
+    stack, params, X, T, flat = case
+    expected = expected_hessian
+    assert relative(stack.hessian_trace(params, X, T), expected.trace()) <= 1e-10
+    n = flat.numel() // DEPTH
+    wrt = [name for name in stack.PARAMS if name.startswith("1.")]
+    assert relative(stack.hessian_trace(params, X, T, wrt=wrt),
+                    expected[n:2 * n, n:2 * n].trace()) <= 1e-10
