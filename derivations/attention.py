@@ -56,6 +56,19 @@ class Attention:
     external_shapes: dict[str, tuple[str, ...]]
 
 
+def _rotated(g: Graph, config: Config, Q: Tensor, K: Tensor, rows: tuple, heads: tuple,
+             columns: tuple, chunks: object) -> tuple[Tensor, Tensor]:
+    """``Q`` and ``K`` with each head's pairs of entries turned by their rows' angles: entry
+    ``(s, m)`` of row ``i`` is ``Σ_t R[i, s, t, m] · (entry (t, m))`` (:meth:`Graph.rotary`)."""
+    (i, j), (query_heads, kv_heads), (s_, m) = rows, heads, columns
+    R = g.rotary("R_rot", sizes.L, chunks, sizes.d_r, config.rotary_base,
+                 rotary_scaling(config))
+    t = g.index(chunks, "t")
+    Q = g.node("Q_rot", (i, *query_heads, s_, m), R[i, s_, t, m] * Q[(i, *query_heads, t, m)])
+    K = g.node("K_rot", (j, *kv_heads, s_, m), R[j, s_, t, m] * K[(j, *kv_heads, t, m)])
+    return Q, K
+
+
 def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F",
                    suffix: str = "") -> Attention:
     """Nodes of ``F(X) = softmax(s (X W_Q + b_Q)(X W_K + b_K)^T) (X W_V + b_V)`` for ``X``
@@ -117,12 +130,7 @@ def self_attention(g: Graph, X: Tensor, config: Config, out_name: str = "F",
         projected[name] = g.node(f"{name}{suffix}", (rows, *entry), value)
     Q, K, V = projected["Q"], projected["K"], projected["V"]
     if config.rotary:
-        R = g.rotary("R_rot", L, chunks, sizes.d_r, config.rotary_base, rotary_scaling(config))
-        s_, m = columns
-        t = g.index(chunks, "t")
-        Q = g.node("Q_rot", (i, *query_heads, s_, m),
-                   R[i, s_, t, m] * Q[(i, *query_heads, t, m)])
-        K = g.node("K_rot", (j, *kv_heads, s_, m), R[j, s_, t, m] * K[(j, *kv_heads, t, m)])
+        Q, K = _rotated(g, config, Q, K, (i, j), (query_heads, kv_heads), columns, chunks)
     scale = _exactly(config.attention_scale) if config.attention_scale else 1 / sp.sqrt(d_k)
     scores = scale * Q[(i, *query_heads, *columns)] * K[(j, *kv_heads, *columns)]
     if config.relative_bias:  # T5's learned bias of each head and offset bucket
