@@ -12,9 +12,9 @@ parameters listed, in the module's order); parameters the output does not depend
 exact zeros.
 
 In place of ``X, T``, the averaging functions (``loss``, ``gradient``, ``loss_hessian``,
-``hvp``, ``gnvp``, ``diagonal``) and ``hessian_operator`` take a dataset's batches (a
-``DataLoader`` of ``(X, T)``) and give the mean over its samples, over every rank's shard
-under ``torch.distributed`` (:mod:`curvgap.data`).
+``hvp``, ``gnvp``, ``diagonal``, ``hessian_trace``) and ``hessian_operator`` take a
+dataset's batches (a ``DataLoader`` of ``(X, T)``) and give the mean over its samples, over
+every rank's shard under ``torch.distributed`` (:mod:`curvgap.data`).
 """
 
 from __future__ import annotations
@@ -176,14 +176,14 @@ class Curvature:
         """The module's parameters ``wrt`` names (default: all), checked, in the module's
         order."""
         self._follow()
-        names = checks("torch")._check_wrt(wrt, self.names)  # as a generated module does
+        # checked as a generated module checks it (None: every parameter, if any)
+        names = list(self.names) if wrt is None else checks("torch")._check_wrt(wrt, self.names)
         if names == ["X"]:
             raise ValueError("wrt: expected names of the module's parameters here ('X' alone "
                              "is taken by gradient, jacobian, loss_hessian, diagonal, hvp and "
                              "gnvp), got 'X'")
         chosen = set(names)
         return [n for n in self.names if n in chosen]
-
 
     def _room(self, X: Any, wrt: Any) -> None:
         """MemoryError before any work where the loss Hessian over ``wrt`` cannot fit."""
@@ -351,7 +351,8 @@ class Curvature:
         """The trace of :meth:`loss_hessian` over ``wrt`` (default: every parameter), a
         scalar, summed from its exact :meth:`diagonal` (the Hessian never formed; what a
         Hutchinson estimate approximates); with ``wrt="X"`` per sample, ``(B,)``."""
-        return self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs).sum(-1)
+        diagonal = self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs)
+        return checks("torch")._trace_of(diagonal, "hessian_trace")
 
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
                         wrt_j: str | None = None, part: str = "full",

@@ -63,11 +63,19 @@ def _meta(name: str, value: Any) -> None:
                          f"tensor")
 
 
+def _plain(value: Any) -> Any:
+    """A tensor detached (the derivatives do not depend on its autograd state), and copied
+    out of inference mode (made under ``torch.inference_mode()``, it cannot be traced)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.clone() if value.is_inference() else value.detach()
+
+
 def checked(module: torch.nn.Module, X: torch.Tensor, T: Any, inputs: dict, batch_dim: int,
              keyword: str | None) -> tuple[torch.Tensor, Any, dict]:
     """The call's inputs checked before any work (no meta tensors, token ids of shape
     ``(B, L)``, a batch of sequences, keyword inputs of X's batch and length) and detached
-    (the derivatives do not depend on their autograd state); token ids as int64."""
+    (and out of inference mode: :func:`_plain`); token ids as int64."""
     name = keyword or "X"
     _meta(name, X)  # (a meta target is refused by the loss, with its own words)
     for key, value in inputs.items():
@@ -77,9 +85,8 @@ def checked(module: torch.nn.Module, X: torch.Tensor, T: Any, inputs: dict, batc
         raise ValueError(f"module: expected parameters with data (cpu or cuda), got a meta "
                          f"tensor for {meta!r} (materialise it: module.to_empty(device=...) "
                          f"and load its weights)")
-    X = X.detach()
-    T = T.detach() if isinstance(T, torch.Tensor) else T
-    inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    X, T = _plain(X), _plain(T)
+    inputs = {k: _plain(v) for k, v in inputs.items()}
     if not X.is_floating_point():
         if X.ndim > 2 and X.shape[-1] == 1:  # (B, L, 1)
             raise ValueError(f"{name}: expected token ids of shape (B, L), got shape "

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 
 @contextlib.contextmanager
-def replacing(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
+def replacing(path: Path, suffix: str = ".tmp", mode: int | None = 0o644) -> Iterator[Path]:
     """A temporary path beside ``path`` (ending in ``suffix``: a plotting library reads the
-    format from it) for the caller to write; when the block ends without error it is flushed
-    and renamed over ``path`` in one step, else removed."""
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(descriptor)
-    temporary = Path(name)
+    format from it) for the caller to write; when the block ends without error it is flushed,
+    given ``mode`` (``None``: the user's umask decides, as for any new file) and renamed over
+    ``path`` in one step, else removed."""
+    temporary = _created(path, suffix)
     try:
         yield temporary
         with open(temporary, "rb+") as handle:
-            os.fchmod(handle.fileno(), 0o644)
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     finally:
@@ -32,9 +32,21 @@ def replacing(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
     fsync_folder(path.parent)
 
 
-def write_atomically(path: Path, text: str, suffix: str = ".tmp") -> None:
+def _created(path: Path, suffix: str) -> Path:
+    """A new empty file ``.<name>.<random><suffix>`` beside ``path`` (made by this call)."""
+    while True:
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}{suffix}")
+        try:
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return temporary
+        except FileExistsError:
+            continue
+
+
+def write_atomically(path: Path, text: str, suffix: str = ".tmp",
+                     mode: int | None = 0o644) -> None:
     """Write ``text`` to ``path`` whole or not at all (:func:`replacing`)."""
-    with replacing(path, suffix) as temporary:
+    with replacing(path, suffix, mode) as temporary:
         temporary.write_text(text, encoding="utf-8")
 
 

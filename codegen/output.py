@@ -121,10 +121,13 @@ def write_file(path: Path, text: str) -> None:
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` (same suffix) for the caller to write; when the
     block ends without error, it is flushed and renamed over ``path`` in one step, else
-    removed (:func:`~.durable.replacing`). :class:`OutputError` if ``path`` is a symbolic
-    link (never written through) or a folder."""
+    removed (:func:`~.durable.replacing`), its mode the user's umask's; what a killed run
+    left beside it removed first. :class:`OutputError` if ``path`` is a symbolic link (never
+    written through) or a folder."""
     check_files(path.parent, [path.name])
-    with durable.replacing(path, path.suffix) as temporary:
+    for leftover in path.parent.glob(f".{path.name}.*{path.suffix}"):  # a killed run's
+        leftover.unlink(missing_ok=True)
+    with durable.replacing(path, path.suffix, mode=None) as temporary:
         yield temporary
 
 

@@ -297,7 +297,8 @@ class Chain:
         """Per part, the names of its parameters in ``wrt`` (default: all), in its order
         (the blocks of results and directions follow ``PARAMS``), with (``tied``) the other
         places a tie reads them."""
-        names = self.checks._check_wrt(wrt, self.PARAMS)  # as a generated module checks it
+        # checked as a generated module checks it (None: every parameter, if any)
+        names = list(self.PARAMS) if wrt is None else self.checks._check_wrt(wrt, self.PARAMS)
         if names == ["X"]:
             raise ValueError("wrt: expected names of PARAMS here ('X' alone is taken by "
                              "gradient, loss_hessian, diagonal, hvp and gnvp), got 'X'")
@@ -437,7 +438,8 @@ class Chain:
         """The trace of :meth:`loss_hessian` over ``wrt``, a scalar, summed from its exact
         :meth:`diagonal` (in bounded memory; the Hessian never formed); with ``wrt="X"``
         per sample, ``(B,)``."""
-        return self.diagonal(params, X, target, wrt, part, max_memory, chunk).sum(-1)
+        diagonal = self.diagonal(params, X, target, wrt, part, max_memory, chunk)
+        return self.checks._trace_of(diagonal, "hessian_trace")
 
     def jacobian(self, params: dict[str, Array], X: Array, wrt: str) -> Array:
         """``∂vec_r(Z_N)/∂vec_r(wrt)^T`` per sample, ``(B, n_Z, n_wrt)``, ``wrt`` a name of

@@ -156,6 +156,12 @@ def _check_slots(out, sizes, like):
                              + (", not contiguous" if size is None else ""))
 
 
+def _trace_of(diagonal, function):
+    """The trace from ``diagonal`` (summed over its last axis, wide), checked for overflow."""
+    return _checked(_widened(diagonal).sum(-1), diagonal.dtype, function, "the trace",
+                    {"diagonal": diagonal})
+
+
 def _largest(inputs):
     """The largest ``|entry|`` of each of ``inputs`` (name → array), as text."""
     return ", ".join(f"{name} {_magnitude(value):.3g}" for name, value in inputs.items())

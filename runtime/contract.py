@@ -27,7 +27,7 @@ from ._module_names import (
     SCOPE,
     STRUCTURED,
 )
-from .arguments import _check_part, _check_variable, _check_wrt, _require_finite
+from .arguments import _check_part, _check_variable, _check_wrt, _require_finite, _trace_of
 from .namespace import (
     _engine_dims,
     _input_direction,
@@ -209,7 +209,7 @@ def diagonal(params, X, target, wrt=None, part="full"):
 def hessian_trace(params, X, target, wrt=None, part="full"):
     """The trace of ``loss_hessian(params, X, target, wrt, part)``, a scalar, summed from its
     exact ``diagonal`` (the Hessian never formed); with ``wrt="X"`` per sample, ``(B,)``."""
-    return diagonal(params, X, target, wrt, part).sum(-1)
+    return _trace_of(diagonal(params, X, target, wrt, part), "hessian_trace")
 
 
 def _row_parameter(wrt):

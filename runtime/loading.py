@@ -47,8 +47,11 @@ def checks(backend: str) -> types.ModuleType:
     if backend not in ("torch", "numpy"):
         raise ValueError(f"backend: expected 'torch' or 'numpy', got {backend!r}")
     arrays = importlib.import_module(f"{__package__}.{backend}_arrays")
+    text = (HERE / "arguments.py").read_text(encoding="utf-8")
     module = types.ModuleType(f"{__package__}.arguments[{backend}]",
-                              ast.get_docstring(ast.parse((HERE / "arguments.py").read_text())))
+                              ast.get_docstring(ast.parse(text)))
     module.__dict__.update({k: v for k, v in vars(arrays).items() if not k.startswith("__")})
-    exec(compile(body("arguments.py"), str(HERE / "arguments.py"), "exec"), module.__dict__)
+    code = body("arguments.py")
+    above = text[:text.index(code)].count("\n")  # tracebacks name the file's own lines
+    exec(compile("\n" * above + code, str(HERE / "arguments.py"), "exec"), module.__dict__)
     return module

@@ -539,3 +539,31 @@ def test_a_half_precision_module_that_overflows_is_refused_by_name():
     with pytest.raises(ValueError, match=r"own forward gives (NaN|inf).* of 2: it computes "
                                          r"in float16, .* curvgap computes in float32"):
         c.gradient(X, T)
+
+
+def test_the_check_of_the_modules_own_forward_takes_any_output_and_inference_tensors():
+    """A per-sample output ``(B,)`` that overflows names its samples; a batch made under
+    ``torch.inference_mode()`` (which cannot be traced) is read as a copy."""
+
+    class Energy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            return (y * y).sum((-2, -1))
+
+    module = Energy().half()
+    with torch.inference_mode():
+        X = torch.randn(2, 4, D, generator=torch.Generator().manual_seed(0)).half()
+    T = torch.rand(2, generator=torch.Generator().manual_seed(1)).half()
+    c = curvgap.curvature(module)
+    assert c.gradient(X, T).isfinite().all()
+    with torch.no_grad():
+        module.a.weight[:, :] = 0
+        module.a.bias[:] = 0
+        module.a.bias[0] = 300  # (300² · 4 rows per sample: past float16's 65504)
+    with pytest.raises(ValueError, match=r"own forward gives inf for samples 0, 1 of 2: it "
+                                         r"computes in float16"):
+        c.gradient(X, T)

@@ -67,3 +67,15 @@ def test_the_trace_of_each_part_adds_to_the_whole(part):
     both = c.hessian_trace(case.X, case.T, part=part) + c.hessian_trace(case.X, case.T,
                                                                          part=other)
     assert relative(both, whole) <= 1e-12
+
+
+def test_a_trace_past_its_dtypes_range_is_refused_not_inf():
+    """Summed in float32 from a float16 diagonal: a trace past 65504 is an overflow error,
+    not inf."""
+    from curvgap.runtime.loading import checks
+
+    diagonal = torch.full((10,), 3e4, dtype=torch.float16)
+    with pytest.raises(FloatingPointError, match=r"hessian_trace: the trace was computed in "
+                                                 r"float32 but exceeds the range of float16"):
+        checks("torch")._trace_of(diagonal, "hessian_trace")
+    assert checks("torch")._trace_of(diagonal[:2], "hessian_trace") == 6e4

@@ -163,7 +163,8 @@ DIMS_OF.update(cross_attention={**DIMS, "L_m": 6}, decoder_block_post={**DIMS, "
 SLOW = {"llama_block", "decoder_block_post", "attention_gqa_rotary_bias", "pre_ln_encoder_layer",
         "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
         "pre_ln_relu_causal", "pre_ln_linear_loss", "neox_parallel_block", "gemma2_block",
-        "layer_scale_quick_gelu", "qwen2_biases_qkv", "gemma_value_width", "rotary_llama3"}
+        "layer_scale_quick_gelu", "qwen2_biases_qkv", "gemma_value_width", "rotary_llama3",
+        "sandwich_layer_scale", "decoder_block_pre_rms"}
 
 
 def _load_module(path, name):
