@@ -7,9 +7,9 @@ call in their own layout (reshapes, no copies). Every function takes the module'
 its forward does: ``X`` (its first input), then the target (and ``v``), then the module's
 keyword inputs (``attention_mask=...``), which are read as constants. Rows and columns of
 Hessians, entries of gradients and HVPs follow
-``torch.cat([p.reshape(-1) for p in module.parameters()])`` (or, with ``wrt``, the named
-parameters listed, in the module's order); parameters the output does not depend on have
-exact zeros.
+``torch.cat([p.reshape(-1) for p in module.parameters() if p.requires_grad])`` (or, with
+``wrt``, the parameters listed, by name or as objects, in the order given); parameters the
+output does not depend on have exact zeros.
 
 In place of ``X, T``, the averaging functions (``loss``, ``gradient``, ``loss_hessian``,
 ``hvp``, ``gnvp``, ``diagonal``, ``hessian_trace``) and ``hessian_operator`` take a
@@ -152,6 +152,11 @@ class Curvature:
         programs, paths = found.programs, found.paths
         prefixes = ([""] if len(programs) == 1 else
                     [f"{path or f'part{k}'}." for k, path in enumerate(paths)])
+        if not any(program.params for program in programs):
+            raise ValueError(f"module: expected parameters that require a gradient (the "
+                             f"variables curvgap differentiates by, as autograd does), but "
+                             f"{type(self.module).__name__}'s output reads none that does; "
+                             f"thaw some with requires_grad_(True)")
         traced = Traced(found, {}, prefixes, self.fused)
         traced.runner("products")
         # each runner parameter by the module's own name of it (a tied weight has one)
@@ -171,19 +176,53 @@ class Curvature:
         traced.names = names
         return traced
 
-    # -- parameters in the module's order -------------------------------------------------------
+    # -- the variables: the module's parameters ----------------------------------------------
     def _wrt(self, wrt: Any) -> list[str]:
-        """The module's parameters ``wrt`` names (default: all), checked, in the module's
-        order."""
+        """The module's parameters ``wrt`` gives (names, aliases of a tied weight or the
+        ``Parameter`` objects themselves, each requiring a gradient; default: all those that
+        require one, in the module's order), checked, as names in the order given."""
         self._follow()
-        # checked as a generated module checks it (None: every parameter, if any)
-        names = list(self.names) if wrt is None else checks("torch")._check_wrt(wrt, self.names)
-        if names == ["X"]:
+        if wrt is None:
+            names = [n for n in self.names if self.module.get_parameter(n).requires_grad]
+            if not names and self.names:
+                raise ValueError(f"wrt: expected parameters to differentiate by, but none of "
+                                 f"{type(self.module).__name__}'s requires a gradient (all "
+                                 f"frozen); name them: wrt=[...]")
+        else:
+            # checked as a generated module checks it
+            names = checks("torch")._check_wrt(self._by_name(wrt), self.names)
+            frozen = [n for n in names if n != "X" and
+                      not self.module.get_parameter(n).requires_grad]
+            if frozen:
+                raise ValueError(f"wrt: expected parameters that require a gradient (autograd's "
+                                 f"variables), got {frozen[0]!r}, which is frozen; thaw it with "
+                                 f"requires_grad_(True) to differentiate by it")
+        if names in (["X"], []):
             raise ValueError("wrt: expected names of the module's parameters here ('X' alone "
                              "is taken by gradient, jacobian, loss_hessian, diagonal, hvp and "
-                             "gnvp), got 'X'")
-        chosen = set(names)
-        return [n for n in self.names if n in chosen]
+                             "gnvp), got 'X'" if names else
+                             f"wrt: {type(self.module).__name__} has no parameters")
+        return names
+
+    def _by_name(self, wrt: Any) -> Any:
+        """``wrt`` with each ``Parameter`` (or the alias of a tied weight) as the module's
+        name of it."""
+        named = {id(p): n for n, p in self.module.named_parameters()}
+        aliases = {alias: named[id(p)] for alias, p in
+                   self.module.named_parameters(remove_duplicate=False)}
+
+        def name(item: Any) -> Any:
+            if isinstance(item, torch.Tensor):
+                if id(item) not in named:
+                    raise ValueError(f"wrt: expected the module's parameters or their names, "
+                                     f"got a tensor of shape {tuple(item.shape)} that is not a "
+                                     f"parameter of {type(self.module).__name__}")
+                return named[id(item)]
+            return aliases.get(item, item) if isinstance(item, str) and item != "X" else item
+
+        if isinstance(wrt, torch.Tensor | str):
+            return name(wrt)
+        return [name(item) for item in wrt] if isinstance(wrt, list | tuple) else wrt
 
     def _room(self, X: Any, wrt: Any) -> None:
         """MemoryError before any work where the loss Hessian over ``wrt`` cannot fit."""
@@ -224,8 +263,8 @@ class Curvature:
     @over_batches(state=lambda self: self.module)
     def gradient(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                  **inputs: Any) -> torch.Tensor:
-        """The loss's gradient over ``wrt`` (default: every parameter), ``(n,)`` in the
-        module's order; ``wrt="X"``: per sample, ``(B, n_X)``."""
+        """The loss's gradient over ``wrt`` (default: every parameter that requires a
+        gradient), ``(n,)`` in the order of ``wrt``; ``wrt="X"``: per sample, ``(B, n_X)``."""
         X, T, traced, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
             return traced.runner().gradient(params, X, T, wrt="X")
@@ -252,9 +291,10 @@ class Curvature:
     @over_batches(state=lambda self: self.module)
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                      part: str = "full", **inputs: Any) -> torch.Tensor:
-        """The loss Hessian over ``wrt`` (default: every parameter), ``(n, n)`` in the
-        module's order, blocks between parts included; ``part`` ``"full"``,
-        ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per sample ``(B, n_X, n_X)``."""
+        """The loss Hessian over ``wrt`` (default: every parameter that requires a
+        gradient), ``(n, n)`` in the order of ``wrt``, blocks between parts included;
+        ``part`` ``"full"``, ``"gauss_newton"`` or ``"functional"``; ``wrt="X"``: per
+        sample ``(B, n_X, n_X)``."""
         self._room(X, wrt)
         X, T, traced, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
@@ -267,8 +307,8 @@ class Curvature:
 
     def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                            part: str = "full", **inputs: Any) -> torch.Tensor:
-        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every parameter),
-        ``(B, n_X, n)``, columns in the module's order."""
+        """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every parameter
+        that requires a gradient), ``(B, n_X, n)``, columns in the order of ``wrt``."""
         X, T, traced, params = self._prepared(X, T, inputs)
         pieces, used, n = self._selection(traced, wrt)
         H = traced.runner("blocks").loss_hessian_mixed(params, X, T, wrt=used, part=part)
@@ -277,7 +317,7 @@ class Curvature:
     @over_batches(state=lambda self: self.module)
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor, wrt: Any = None,
             **inputs: Any) -> torch.Tensor:
-        """The loss Hessian over ``wrt`` times ``v`` (both in the module's order), ``(n,)``,
+        """The loss Hessian over ``wrt`` times ``v`` (both in the order of ``wrt``), ``(n,)``,
         or times each column of ``v`` ``(n, k)``; ``wrt="X"``: per sample."""
         return self._product("hvp", X, T, v, wrt, inputs)
 
@@ -289,11 +329,11 @@ class Curvature:
         return self._product("gnvp", X, T, v, wrt, inputs)
 
     def _product(self, kind: str, X: Any, T: Any, v: Any, wrt: Any, inputs: dict) -> Any:
-        v = direction(v, X)
         X, T, traced, params = self._prepared(X, T, inputs)
         product = getattr(traced.runner(), kind)
         if isinstance(wrt, str) and wrt == "X":
-            return product(params, X, T, v, wrt="X")
+            return product(params, X, T, direction(v, X), wrt="X")
+        v = direction(v, next(self.module.parameters()))
         pieces, used, n = self._selection(traced, wrt)
         if not used:
             directions(v, pieces, params)  # checked all the same
@@ -303,8 +343,8 @@ class Curvature:
     def _applied(self, kind: str, traced: Traced, params: dict, X: torch.Tensor, T: Any,
                  v: torch.Tensor, pieces: list, keep: dict | None = None) -> torch.Tensor:
         """``kind`` (``"hvp"``, ``"gnvp"``) of ``v`` (``(n,)`` or ``(n, k)``, the entries of
-        ``pieces`` in the module's order): the directions read as views of ``v`` in the
-        runner's parameters, the products written once in the module's order (``keep``: the
+        ``pieces`` in the order of ``wrt``): the directions read as views of ``v`` in the
+        runner's parameters, the products written once in that order (``keep``: the
         forward values and adjoints kept between calls at one point, see
         :meth:`curvgap.models.Chain.product_pieces`)."""
         out, slots = empty(pieces, v, None if v.ndim == 1 else v.shape[1])
@@ -348,7 +388,7 @@ class Curvature:
     def hessian_trace(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                       part: str = "full", max_memory: int | None = None,
                       chunk: int | None = None, **inputs: Any) -> torch.Tensor:
-        """The trace of :meth:`loss_hessian` over ``wrt`` (default: every parameter), a
+        """The trace of :meth:`loss_hessian` over ``wrt`` (default: as for it), a
         scalar, summed from its exact :meth:`diagonal` (the Hessian never formed; what a
         Hutchinson estimate approximates); with ``wrt="X"`` per sample, ``(B,)``."""
         diagonal = self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
 import torch
 
 from .trace import Trace
@@ -35,12 +36,24 @@ def without_cache(module: torch.nn.Module, inputs: dict) -> dict:
     return {**inputs, "use_cache": False} if "use_cache" in parameters else inputs
 
 
-def direction(v: Any, X: torch.Tensor) -> torch.Tensor:
+def direction(v: Any, like: torch.Tensor) -> torch.Tensor:
+    """``v`` (a tensor or numpy array of any floating dtype), checked finite, as a tensor of
+    ``like``'s dtype and device (the module's: the result has its dtype)."""
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind != "f":
+            raise TypeError(f"v: expected floating-point values, got dtype {v.dtype}")
+        v = torch.from_numpy(np.require(v, v.dtype.newbyteorder("="), ["W"]))
     if not isinstance(v, torch.Tensor):
-        raise TypeError(f"v: expected a torch.Tensor (of X's dtype and device), got "
+        raise TypeError(f"v: expected a torch.Tensor or a numpy array, got "
                         f"{type(v).__name__}")
+    if not v.is_floating_point():
+        raise TypeError(f"v: expected floating-point values, got dtype {v.dtype}")
     _finite("v", v)
-    return v.detach()
+    v = v.detach().to(dtype=like.dtype, device=like.device)
+    if not bool(torch.isfinite(v).all()):
+        raise ValueError(f"v: expected values that fit the module's dtype {like.dtype}, got "
+                         f"some beyond its range ({torch.finfo(like.dtype).max:.4g})")
+    return v
 
 
 def _finite(name: str, value: torch.Tensor) -> None:

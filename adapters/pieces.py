@@ -1,5 +1,5 @@
-"""The module's parameters as the runners hold them: per parameter of the module (in its
-order), its name, the runners' names for it (none where the output does not depend on it;
+"""The module's parameters as the runners hold them: per parameter of the module chosen (in the
+order chosen), its name, the runners' names for it (none where the output does not depend on it;
 several for a tied weight read in several places, whose derivatives add up) and its number of
 entries — a :data:`Piece`. Results over the runners' parameters are laid out over the
 module's, and directions over the module's split into the runners'."""
@@ -17,7 +17,7 @@ Piece = tuple[str, tuple[str, ...], int]
 
 
 def pieces_of(module: torch.nn.Module, traced: Traced, names: list[str]) -> list[Piece]:
-    """Per module parameter of ``names`` (in order): its name, the runner's names for it
+    """Per module parameter of ``names`` (in that order): its name, the runner's names for it
     (none: the output does not depend on it; several: a tied weight read in several
     places, whose derivatives add up) and its number of entries."""
     ours: dict[str, tuple[str, ...]] = {}
@@ -73,7 +73,7 @@ def directions(v: torch.Tensor, pieces: list[Piece], params: dict) -> list[dict]
 
 def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """An empty result over ``pieces`` (in the module's order) in ``like``'s dtype and
+    """An empty result over ``pieces`` (in their order) in ``like``'s dtype and
     device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece read in
     one place, by the runner's name: the runner writes its result there."""
     n = sum(size for *_, size in pieces)
@@ -90,7 +90,7 @@ def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
 def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], function: str,
               quantity: str, X: torch.Tensor) -> torch.Tensor:
     """``out`` (from :func:`empty`) holding the runner's results (per column, runner name
-    → array) in the module's order of ``pieces``: zeros where a piece is not used, the
+    → array) in the order of ``pieces``: zeros where a piece is not used, the
     sum where a tied weight is read in several places, each result copied unless the
     runner wrote it there. FloatingPointError where it is not finite (every input was
     checked finite: the arithmetic overflowed), as a generated module says it."""
