@@ -37,10 +37,12 @@ from ..operators.kronecker import KroneckerSum, kronecker_block
 from ..runtime.loading import checks
 from .fingerprint import fingerprint
 from .inputs import (
+    IGNORE_INDEX,
     batch_first,
     check_indices,
     checked,
     direction,
+    ignored_scale,
     part_dims,
     without_cache,
 )
@@ -49,11 +51,15 @@ from .pieces import assembled, directions, empty, pieces_of, refuse_tied, spread
 from .trace import Call, constants, doubled, fits, signature, trace
 from .traced import Traced
 
+#: a dataset's batches in place of ``X, T``: the mean over them, each weighed by its terms
+_over_dataset = over_batches(state=lambda c: c.module, count_of=lambda c, X, T: c._terms(T))
+
 
 class Curvature:
     """Exact derivatives of ``loss(module(X, **inputs), T)`` (``"mse"``:
-    ``F.mse_loss``, the mean over every entry; ``"cross_entropy"``: over the last axis of
-    the output, targets the class indices). ``fused=True``: the generated code runs through
+    ``F.mse_loss``, the mean over every entry; ``"cross_entropy"``: ``F.cross_entropy`` over
+    the last axis of the output, the targets class indices, ``-100`` ignored, the mean over
+    the targets counted). ``fused=True``: the generated code runs through
     ``torch.compile(fullgraph=True)``, its elementwise chains fused (compiled on the first call
     for each kind of inputs: about a minute at real size; faster calls after)."""
 
@@ -243,6 +249,25 @@ class Curvature:
                    "loss_hessian(X, T, wrt=[...]) for the block of a few parameters, or "
                    "diagonal(X, T) for its diagonal (max_memory= bounds its work)")
 
+    def _terms(self, T: Any) -> int:
+        """The terms the loss of a batch with target ``T`` is the mean over (a dataset's
+        batches weigh by them): its targets counted for a cross-entropy (``-100`` ignored),
+        the output's entries otherwise."""
+        T = torch.as_tensor(T)
+        return int((T != IGNORE_INDEX).sum()) if self.loss_name == "cross_entropy" \
+            else T.numel()
+
+    def _mean(self, value: torch.Tensor, T: Any, per_sample: bool = False) -> torch.Tensor:
+        """``value`` (the loss or a derivative of it over the batch; ``per_sample``: one per
+        sample along its first axis) as torch's mean over the targets counted where some are
+        ignored (:func:`~.inputs.ignored_scale`); as it is otherwise."""
+        scale = ignored_scale(T, self.loss_name, per_sample)
+        if scale is None:
+            return value
+        if isinstance(scale, torch.Tensor):
+            return value * scale.to(value.dtype).reshape(-1, *[1] * (value.ndim - 1))
+        return value * scale
+
     def _selection(self, traced: Traced, wrt: Any) -> tuple[list, list[str], int]:
         pieces = pieces_of(self.module, traced, self._wrt(wrt))
         return pieces, used_of(traced, pieces), sum(size for *_, size in pieces)
@@ -254,26 +279,26 @@ class Curvature:
         out = traced.runner().forward(params, X)
         return out.movedim(0, traced.trace.readings[-1].batch_dim)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def loss(self, X: torch.Tensor, T: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The loss, averaged over the batch (a scalar)."""
         X, T, traced, params = self._prepared(X, T, inputs)
-        return traced.runner().loss(params, X, T)
+        return self._mean(traced.runner().loss(params, X, T), T)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def gradient(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                  **inputs: Any) -> torch.Tensor:
         """The loss's gradient over ``wrt`` (default: every parameter that requires a
         gradient), ``(n,)`` in the order of ``wrt``; ``wrt="X"``: per sample, ``(B, n_X)``."""
         X, T, traced, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return traced.runner().gradient(params, X, T, wrt="X")
+            return self._mean(traced.runner().gradient(params, X, T, wrt="X"), T, True)
         pieces, used, n = self._selection(traced, wrt)
         if not used:
             return X.new_zeros(n)
         out, slots = empty(pieces, X)
         values, _ = traced.runner().gradient_pieces(params, X, T, out=slots)
-        return assembled(out, [values], pieces, "gradient", "the gradient", X)
+        return self._mean(assembled(out, [values], pieces, "gradient", "the gradient", X), T)
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
@@ -288,7 +313,7 @@ class Curvature:
             return X.new_zeros(X.shape[0], outputs, n)
         return spread(torch.cat(blocks, -1), pieces, used, axis=-1)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def loss_hessian(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                      part: str = "full", **inputs: Any) -> torch.Tensor:
         """The loss Hessian over ``wrt`` (default: every parameter that requires a
@@ -298,12 +323,13 @@ class Curvature:
         self._room(X, wrt)
         X, T, traced, params = self._prepared(X, T, inputs)
         if isinstance(wrt, str) and wrt == "X":
-            return traced.runner("blocks").loss_hessian(params, X, T, wrt="X", part=part)
+            return self._mean(traced.runner("blocks").loss_hessian(params, X, T, wrt="X",
+                                                                   part=part), T, True)
         pieces, used, n = self._selection(traced, wrt)
         if not used:
             return X.new_zeros(n, n)
         H = traced.runner("blocks").loss_hessian(params, X, T, wrt=used, part=part)
-        return spread(spread(H, pieces, used, 0), pieces, used, 1)
+        return self._mean(spread(spread(H, pieces, used, 0), pieces, used, 1), T)
 
     def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                            part: str = "full", **inputs: Any) -> torch.Tensor:
@@ -312,16 +338,16 @@ class Curvature:
         X, T, traced, params = self._prepared(X, T, inputs)
         pieces, used, n = self._selection(traced, wrt)
         H = traced.runner("blocks").loss_hessian_mixed(params, X, T, wrt=used, part=part)
-        return spread(H, pieces, used, -1)
+        return self._mean(spread(H, pieces, used, -1), T, True)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def hvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor, wrt: Any = None,
             **inputs: Any) -> torch.Tensor:
         """The loss Hessian over ``wrt`` times ``v`` (both in the order of ``wrt``), ``(n,)``,
         or times each column of ``v`` ``(n, k)``; ``wrt="X"``: per sample."""
         return self._product("hvp", X, T, v, wrt, inputs)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def gnvp(self, X: torch.Tensor, T: torch.Tensor, v: torch.Tensor, wrt: Any = None,
              **inputs: Any) -> torch.Tensor:
         """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` of the loss Hessian over ``wrt`` times
@@ -332,13 +358,13 @@ class Curvature:
         X, T, traced, params = self._prepared(X, T, inputs)
         product = getattr(traced.runner(), kind)
         if isinstance(wrt, str) and wrt == "X":
-            return product(params, X, T, direction(v, X), wrt="X")
+            return self._mean(product(params, X, T, direction(v, X), wrt="X"), T, True)
         v = direction(v, next(self.module.parameters()))
         pieces, used, n = self._selection(traced, wrt)
         if not used:
             directions(v, pieces, params)  # checked all the same
             return torch.zeros_like(v)
-        return self._applied(kind, traced, params, X, T, v, pieces)
+        return self._mean(self._applied(kind, traced, params, X, T, v, pieces), T)
 
     def _applied(self, kind: str, traced: Traced, params: dict, X: torch.Tensor, T: Any,
                  v: torch.Tensor, pieces: list, keep: dict | None = None) -> torch.Tensor:
@@ -354,7 +380,7 @@ class Curvature:
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
         return assembled(out, values, pieces, kind, f"the {name}-vector product", X)
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",
                  max_memory: int | None = None, chunk: int | None = None,
                  **inputs: Any) -> torch.Tensor:
@@ -373,18 +399,19 @@ class Curvature:
         bounds = {} if not isinstance(runner, Chain) else {"max_memory": max_memory,
                                                            "chunk": chunk}
         if isinstance(wrt, str) and wrt == "X":
-            value = runner.diagonal(params, X, T, wrt="X", part=part, **bounds)
+            value = self._mean(runner.diagonal(params, X, T, wrt="X", part=part, **bounds), T,
+                               True)
         else:
             pieces, used, n = self._selection(traced, wrt)
             if not used:
                 return X.new_zeros(n)
             refuse_tied(pieces, "diagonal")
-            value = spread(runner.diagonal(params, X, T, wrt=used, part=part, **bounds),
-                                 pieces, used)
+            value = self._mean(spread(runner.diagonal(params, X, T, wrt=used, part=part,
+                                                      **bounds), pieces, used), T)
         self.diagonal_cost = runner.diagonal_cost if isinstance(runner, Chain) else None
         return value
 
-    @over_batches(state=lambda self: self.module)
+    @_over_dataset
     def hessian_trace(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                       part: str = "full", max_memory: int | None = None,
                       chunk: int | None = None, **inputs: Any) -> torch.Tensor:
@@ -416,7 +443,12 @@ class Curvature:
             raise ValueError(f"wrt_i, wrt_j: expected a block that is exactly a sum of "
                              f"Kronecker products in this module ({', '.join(blocks) or 'none'}"
                              f"), got ({wrt_i}, {wrt_j or wrt_i}, {part!r})")
-        return kronecker_block(module, params, X, T, first, second, part)
+        block = kronecker_block(module, params, X, T, first, second, part)
+        scale = ignored_scale(T, self.loss_name)
+        if scale is not None:  # each product's first factor that is not an identity
+            block.products = [(A * scale, B) if A is not None else (A, B * scale)
+                              for A, B in block.products]
+        return block
 
     @takes_batches
     def hessian_operator(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
@@ -445,7 +477,8 @@ class Curvature:
             def multiply(V: torch.Tensor) -> torch.Tensor:
                 if not used:
                     return torch.zeros_like(V)
-                return self._applied(kind, traced, params, X_, T_, V, pieces, kept)
+                return self._mean(self._applied(kind, traced, params, X_, T_, V, pieces, kept),
+                                  T_)
             return multiply
 
         return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,

@@ -65,6 +65,32 @@ def _finite(name: str, value: torch.Tensor) -> None:
                          f"{at[0] if len(at) == 1 else at}")
 
 
+#: a cross-entropy target that adds nothing (torch's ``ignore_index``)
+IGNORE_INDEX = -100
+
+
+def ignored_scale(T: Any, loss: str, per_sample: bool = False) -> float | torch.Tensor | None:
+    """Where a cross-entropy target ``T`` (class indices, batch first) ignores entries
+    (``-100``), the factor from the generated code's mean over every row (an ignored row adds
+    zero) to torch's mean over the rows counted: ``rows / counted`` over the batch, or with
+    ``per_sample`` each sample's own (``(B,)``; 0 for a sample with none counted); None where
+    nothing is ignored."""
+    if loss != "cross_entropy" or not isinstance(T, torch.Tensor) or T.is_floating_point():
+        return None
+    counted = T != IGNORE_INDEX
+    if bool(counted.all()):
+        return None
+    if per_sample:
+        rows = counted[0].numel()
+        per = counted.reshape(len(T), -1).sum(1)
+        return torch.where(per > 0, rows / per.clamp(min=1), 0.0)
+    total = int(counted.sum())
+    if total == 0:
+        raise ValueError("T: expected a target that is not -100 (ignored), got only ignored "
+                         "ones: the mean over the counted targets is 0/0")
+    return T.numel() / total
+
+
 #: keyword inputs with one entry per sample and position of X, ``(B, L)``
 _PER_POSITION = ("attention_mask", "src_key_padding_mask", "key_padding_mask",
                  "tgt_key_padding_mask", "token_type_ids", "position_ids")

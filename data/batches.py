@@ -1,17 +1,20 @@
 """Functions of a batch ``(X, T)`` over a whole dataset: the mean over its samples.
 
 A function ``f`` that averages over its batch (``loss``, ``gradient``, ``loss_hessian``,
-``hvp``, …) gives over batches ``(X_1, T_1), …, (X_m, T_m)`` of ``B_1, …, B_m`` samples
+``hvp``, …) gives over batches ``(X_1, T_1), …, (X_m, T_m)`` that it averages over ``n_1, …,
+n_m`` terms (their samples ``B_i``; for a loss over entries or tokens, the entries or the
+tokens counted)
 
-    f(dataset) = Σ_i B_i f(X_i, T_i) / Σ_i B_i,
+    f(dataset) = Σ_i n_i f(X_i, T_i) / Σ_i n_i,
 
-the mean over every sample, whatever the batching. Batches are taken one at a time from any
-iterable of pairs (a ``torch.utils.data.DataLoader`` over a dataset of ``(X, T)``), so
-memory is one batch's and one running sum. With a ``torch.distributed`` process group
-initialised, every rank passes its own shard and the sums and counts are added over the
-ranks (:mod:`curvgap.data.ranks`): every rank gets the mean over the union of the shards,
-which may be uneven or empty. Long passes show a ``tqdm`` bar on rank 0 (on a terminal,
-after a second; ``TQDM_DISABLE=1`` turns it off).
+the mean over every term, whatever the batching: the dataset's quantity as one batch.
+Batches are taken one at a time from any iterable of pairs (a
+``torch.utils.data.DataLoader`` over a dataset of ``(X, T)``), so memory is one batch's and
+one running sum. With a ``torch.distributed`` process group initialised, every rank passes
+its own shard and the sums and counts are added over the ranks (:mod:`curvgap.data.ranks`):
+every rank gets the mean over the union of the shards, which may be uneven or empty. Long
+passes show a ``tqdm`` bar on rank 0 (on a terminal, after a second; ``TQDM_DISABLE=1``
+turns it off).
 """
 
 from __future__ import annotations
@@ -91,14 +94,21 @@ def _progress(batches: Iterable, what: str) -> Iterable:
                 total=length, disable=True if here is not None and here[0] != 0 else None)
 
 
+#: the terms a batch's mean is over: ``count(X, T)``
+Count = Callable[[Array, Array], int]
+
+
 def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
-         batch_dim: int = 0) -> tuple[Array | None, int]:
-    """``Σ_i B_i compute(X_i, T_i)`` over the batches (``None`` if none has a sample) and
-    ``Σ_i B_i`` (``B_i``: the size of ``X_i`` along ``batch_dim``)."""
+         batch_dim: int = 0, count_of: Count | None = None) -> tuple[Array | None, int]:
+    """``Σ_i n_i compute(X_i, T_i)`` over the batches (``None`` if none has a term) and
+    ``Σ_i n_i`` (``n_i``: ``count_of(X_i, T_i)``, by default the size of ``X_i`` along
+    ``batch_dim``)."""
     total, count = None, 0
     for index, batch in enumerate(_progress(batches, what)):
         X, T = _pair(batch, index)
         size = int(X.shape[batch_dim])
+        if size and count_of is not None:
+            size = int(count_of(X, T))
         if size == 0:
             continue
         value = compute(X, T)
@@ -113,21 +123,22 @@ def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
 
 
 def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
-         arguments: Any = (), batch_dim: int = 0) -> Array:
-    """``Σ_i B_i compute(X_i, T_i) / Σ_i B_i`` over ``batches`` (and over every rank's
+         arguments: Any = (), batch_dim: int = 0, count_of: Count | None = None) -> Array:
+    """``Σ_i n_i compute(X_i, T_i) / Σ_i n_i`` over ``batches`` (and over every rank's
     shard when a process group is initialised; then ``arguments``, the call's other
-    inputs, must be equal on every rank; ``batch_dim``: the samples' axis of ``X``).
-    ``what`` names the function in errors."""
+    inputs, must be equal on every rank; ``batch_dim``: the samples' axis of ``X``;
+    ``count_of``: the terms ``n_i`` of a batch, by default its samples). ``what`` names the
+    function in errors."""
     here = current()
     if here is None:
-        total, count = _sum(batches, compute, what, batch_dim)
+        total, count = _sum(batches, compute, what, batch_dim, count_of)
         if count == 0:
             raise ValueError(f"X: expected batches with at least one sample in all, got none "
                              f"({what} over an empty dataset)")
         return total / count
     total, count, failure = None, 0, None
     try:
-        total, count = _sum(batches, compute, what, batch_dim)
+        total, count = _sum(batches, compute, what, batch_dim, count_of)
     except Exception as error:  # reaches the collective, so the other ranks learn of it
         failure = error
     layout = None if total is None else (tuple(total.shape), str(total.dtype))
@@ -225,10 +236,12 @@ def _dispatching(method: Callable, over: Callable[[Any, inspect.BoundArguments, 
     return wrapper
 
 
-def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
+def over_batches(state: Callable[[Any], Any] | None = None,
+                 count_of: Callable[[Any, Array, Array], int] | None = None) -> Callable:
     """Let a method ``f(…, X, T, …)`` that averages over its batch also take, in place of
     ``X, T``, a dataset's batches (``f(…, loader, …)``): then it returns :func:`mean` of
-    ``f`` over them. ``state(self)`` is what else must agree on every rank (the weights)."""
+    ``f`` over them. ``state(self)`` is what else must agree on every rank (the weights);
+    ``count_of(self, X, T)`` the terms a batch's mean is over (default: its samples)."""
 
     def decorate(method: Callable) -> Callable:
         def over(batches: Any, bound: inspect.BoundArguments, target: str, args: tuple) -> Any:
@@ -241,8 +254,9 @@ def over_batches(state: Callable[[Any], Any] | None = None) -> Callable:
 
             agreed = (others, state(args[0])) if state is not None else others
             # (a module that takes its batch second, X of shape (L, B, d), says so)
+            counted = None if count_of is None else functools.partial(count_of, args[0])
             return mean(batches, compute, method.__name__, agreed,
-                        getattr(args[0], "batch_dim", 0))
+                        getattr(args[0], "batch_dim", 0), counted)
 
         return _dispatching(method, over)
 

@@ -2,11 +2,13 @@
 
 MSE: ``D_ij = Z_ij - T_ij``, ``ell = Σ_ij D_ij² / (L·d)``.
 Cross-entropy: the rows of ``Z`` are logits over its last axis and ``T`` is the one-hot
-target: ``ell = Σ_i lse_j(R_ij) / rows`` with the margins ``R = (1 − T) ∘ (Z − ⟨T, Z⟩)``
-(``lse_i(R) = lse_i(Z) − Z_it``; ``R`` is exactly 0 at the target and carries no derivative
-there) and ``lse`` the row log-sum-exp primitive of :mod:`.softmax` (computed shifted by the
-row maximum; derivatives in centred form). The target's entry of the gradient is then
-``−Σ_{j≠t} p_j``, exact when the softmax saturates, where ``p_t − 1`` would round to 0.
+target (a row of zeros where the target is ignored): ``ell = Σ_i w_i lse_j(R_ij) / rows``,
+the row weights ``w_i = Σ_j T_ij`` (1, or 0 for an ignored row), the margins ``R = (1 − T) ∘
+(Z − ⟨T, Z⟩)`` (``lse_i(R) = lse_i(Z) − Z_it``; ``R`` is exactly 0 at the target and carries
+no derivative there) and ``lse`` the row log-sum-exp primitive of :mod:`.softmax` (computed
+shifted by the row maximum; derivatives in centred form). The target's entry of the gradient
+is then ``−Σ_{j≠t} p_j``, exact when the softmax saturates, where ``p_t − 1`` would round to
+0.
 Linear: ``ell = Σ_ij T_ij Z_ij``, the output contracted with a cotangent ``T``: its gradient
 is the vector-Jacobian product ``J^T vec(T)``, its Hessian ``(vec(T)^T ⊗ I) ∂²Z`` (all
 functional; the Gauss–Newton part is zero), the pieces that chain rules across layers need.
@@ -91,7 +93,9 @@ def build(g: Graph, loss: str, Z: Tensor, target: Tensor) -> Tensor:
         D = g.node("ce_D", idx, Z[idx] - Zt[rows])
         R = g.node("ce_R", idx, D[idx] - target[idx] * D[idx])
         lse = log_sum_exp_rows(g, R, prefix="ce_")
-        return g.node("ell", (), (1 / sp.Mul(*Z.shape[:-1])) * lse[rows])
+        # each row weighed by its target's sum: 1, or 0 for a row whose target is ignored
+        w = g.node("ce_w", rows, target[idx])
+        return g.node("ell", (), (1 / sp.Mul(*Z.shape[:-1])) * w[rows] * lse[rows])
     if loss == "linear":
         return g.node("ell", (), target[idx] * Z[idx])
     D = g.node("D", idx, Z[idx] - target[idx])

@@ -124,12 +124,16 @@ def _bind_target(ns, target):
             raise ValueError(f"target: expected class indices of shape "
                              f"({batch}{', '.join(TARGET_SHAPE)}) = "
                              f"{rows if single else (ns['B'],) + rows}, got shape {got}")
-        if bool((target < 0).any()) or bool((target >= classes).any()):
+        counted = target != -100  # torch's ignore_index: the row adds nothing
+        labels = target * counted
+        outside = (labels < 0) | (labels >= classes)
+        if bool(outside.any()):
+            at = tuple(int(i) for i in _first_true(outside))
             raise ValueError(f"target: expected class indices in [0, {OUTPUT_SHAPE[-1]}) = "
-                             f"[0, {classes}), got values from {int(target.min())} to "
-                             f"{int(target.max())}")
-        ns["T"] = _one_hot(target, classes, ns["X"]).reshape((ns["B"],)
-                                                              + _engine_dims("Z", ns))
+                             f"[0, {classes}) or -100 (ignored), got {int(target[at])} at "
+                             f"index {at[1:] if single else at}")
+        T = _one_hot(labels, classes, ns["X"]) * counted[..., None]
+        ns["T"] = T.reshape((ns["B"],) + _engine_dims("Z", ns))
     else:
         target = _widened(_as_array(target, "target", like=like))
         if single:

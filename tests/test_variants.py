@@ -347,12 +347,28 @@ def test_cross_entropy_targets_are_checked(backend):
     module = generated_module("gpt2_block", backend)
     params, X, target = random_case(module, {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, batch=2)
     P, Xb = to_backend(backend, params), to_backend(backend, X)
-    with pytest.raises(ValueError, match=r"target: expected class indices in \[0, d\) = \[0, 4\), got values from 0 to 4"):
+    with pytest.raises(ValueError, match=r"target: expected class indices in \[0, d\) = \[0, 4\) or -100 \(ignored\), got 4 at index \(0, 2\)"):
         module.loss(P, Xb, to_backend(backend, torch.tensor([[0, 1, 4], [1, 2, 3]])))
     with pytest.raises(TypeError, match="target: expected integer class indices"):
         module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, dtype=torch.float64)))
     with pytest.raises(ValueError, match=r"target: expected class indices of shape \(B, L\) = \(2, 3\), got shape \(2, 3, 4\)"):
         module.loss(P, Xb, to_backend(backend, torch.zeros(2, 3, 4, dtype=torch.int64)))
+
+
+def test_an_ignored_cross_entropy_target_adds_nothing(backend):
+    """A target of -100 (torch's ignore_index): its row adds nothing, and the mean stays over
+    every row, as the module's conventions say."""
+    from conftest import generated_module
+
+    module = generated_module("gpt2_block", backend)
+    params, X, _ = random_case(module, {"L": 3, "d": 4, "d_k": 5, "d_ff": 7}, batch=2)
+    target = torch.tensor([[0, -100, 3], [-100, -100, 2]])
+    P, Xb = to_backend(backend, params), to_backend(backend, X)
+    Z = torch.as_tensor(module.forward(P, Xb))
+    expected = torch.nn.functional.cross_entropy(Z.reshape(-1, 4), target.reshape(-1),
+                                                 reduction="sum") / 6
+    value = torch.as_tensor(module.loss(P, Xb, to_backend(backend, target)))
+    assert abs(float(value) - float(expected)) <= 1e-12 * abs(float(expected))
 
 
 def test_rotary_needs_an_even_head_width(variant, backend):
