@@ -20,6 +20,7 @@ every rank's shard under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..data import is_batches, over_batches, takes_batches
+from ..data import is_batches, one_batch, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
 from ..models.diagonal import DiagonalCost
@@ -52,7 +53,7 @@ from .trace import Call, constants, doubled, fits, signature, trace
 from .traced import Traced
 
 #: a dataset's batches in place of ``X, T``: the mean over them, each weighed by its terms
-_over_dataset = over_batches(state=lambda c: c.module, count_of=lambda c, X, T: c._terms(T))
+_over_dataset = over_batches(state=lambda c: c.module, count_of=lambda c, X, T: c._terms())
 
 
 class Curvature:
@@ -67,7 +68,7 @@ class Curvature:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module: expected a torch.nn.Module, got "
                             f"{type(module).__name__}")
-        allowed = [n for n in loss_names() if n != "linear"]
+        allowed = [n for n in loss_names() if n != "linear"] + ["model"]
         if loss not in allowed:
             raise ValueError(f"loss: expected one of {allowed}, got {loss!r}")
         if not isinstance(fused, bool):
@@ -99,6 +100,8 @@ class Curvature:
         inputs (traced on first use), and the parameters and constants its runner takes. ``X``
         is ``None`` when the input is given by keyword (``inputs_embeds=``)."""
         self._follow()
+        if isinstance(X, dict):
+            X, T, inputs = self._unpacked(X, T, inputs)
         keyword = None
         if X is None and "inputs_embeds" in inputs:
             keyword, inputs = "inputs_embeds", dict(inputs)
@@ -130,7 +133,9 @@ class Curvature:
         if how is not None:
             self._own_forward.check(self.module, call, X, inputs,
                                     traced.trace.readings[-1].batch_dim, how)
-        values = constants(traced.trace, self.module, call, X, inputs, part_dims(traced.trace, X))
+        values, own = constants(traced.trace, self.module, call, X, inputs,
+                                part_dims(traced.trace, X))
+        T = self._target_of(T, own, traced)
         params = {name: self.module.get_parameter(source).detach()
                   for name, source in traced.names.items()}
         for prefix, part in zip(traced.prefixes, values):
@@ -151,6 +156,48 @@ class Curvature:
         if isinstance(T, torch.Tensor) and batch and T.ndim > batch:
             T = T.movedim(batch, 0)
         return X, T, traced, params
+
+    def _unpacked(self, batch: dict, T: Any, inputs: dict) -> tuple[Any, Any, dict]:
+        """A batch given as a dict of the forward's keyword inputs, as ``X`` (its first input,
+        or ``None`` beside ``inputs_embeds``), the target (its ``labels``; ``None`` with
+        ``loss="model"``, whose model reads them itself) and the other keyword inputs."""
+        twice = sorted(set(batch) & set(inputs))
+        if twice:
+            raise TypeError(f"{twice[0]}: expected it once, got it in the batch and in the call")
+        inputs = {**batch, **inputs}
+        try:
+            first = next(iter(inspect.signature(self.module.forward).parameters))
+        except (StopIteration, TypeError, ValueError):
+            first = None
+        if "inputs_embeds" in inputs and inputs.get(first) is None:
+            X = None
+            inputs.pop(first, None)
+        elif first in inputs:
+            X = inputs.pop(first)
+        else:
+            raise ValueError(f"X: expected the batch to hold {first!r}, the first input of "
+                             f"{type(self.module).__name__}'s forward (or inputs_embeds), got "
+                             f"keys {sorted(batch)}")
+        if self.loss_name != "model":
+            if "labels" not in inputs:
+                raise ValueError(f"X: expected the batch to hold its target as 'labels' for "
+                                 f"loss={self.loss_name!r} (or loss='model' for the model's "
+                                 f"own), got keys {sorted(batch)}")
+            T = inputs.pop("labels")
+        return X, T, inputs
+
+    def _target_of(self, T: Any, own: torch.Tensor | None, traced: Traced) -> Any:
+        """The target of this call: ``T`` as given, or the one the model made for its own
+        loss (``loss="model"``); kept, with the loss it is read by, for :meth:`_terms`."""
+        if self.loss_name == "model" and T is not None:
+            raise TypeError(f"T: expected None with loss='model' (the model makes its target "
+                            f"from the inputs it takes, labels=...), got "
+                            f"{type(T).__name__}")
+        if own is not None:
+            T = own
+        self._target = T
+        self._kind = traced.trace.own.kind if traced.trace.own is not None else self.loss_name
+        return T
 
     def _trace(self, call: Call, X: torch.Tensor, inputs: dict) -> Traced:
         start = time.perf_counter()
@@ -249,19 +296,18 @@ class Curvature:
                    "loss_hessian(X, T, wrt=[...]) for the block of a few parameters, or "
                    "diagonal(X, T) for its diagonal (max_memory= bounds its work)")
 
-    def _terms(self, T: Any) -> int:
-        """The terms the loss of a batch with target ``T`` is the mean over (a dataset's
+    def _terms(self) -> int:
+        """The terms the loss of the batch just computed is the mean over (a dataset's
         batches weigh by them): its targets counted for a cross-entropy (``-100`` ignored),
         the output's entries otherwise."""
-        T = torch.as_tensor(T)
-        return int((T != IGNORE_INDEX).sum()) if self.loss_name == "cross_entropy" \
-            else T.numel()
+        T = torch.as_tensor(self._target)
+        return int((T != IGNORE_INDEX).sum()) if self._kind == "cross_entropy" else T.numel()
 
     def _mean(self, value: torch.Tensor, T: Any, per_sample: bool = False) -> torch.Tensor:
         """``value`` (the loss or a derivative of it over the batch; ``per_sample``: one per
         sample along its first axis) as torch's mean over the targets counted where some are
         ignored (:func:`~.inputs.ignored_scale`); as it is otherwise."""
-        scale = ignored_scale(T, self.loss_name, per_sample)
+        scale = ignored_scale(T, self._kind, per_sample)
         if scale is None:
             return value
         if isinstance(scale, torch.Tensor):
@@ -331,6 +377,7 @@ class Curvature:
         H = traced.runner("blocks").loss_hessian(params, X, T, wrt=used, part=part)
         return self._mean(spread(spread(H, pieces, used, 0), pieces, used, 1), T)
 
+    @one_batch
     def loss_hessian_mixed(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                            part: str = "full", **inputs: Any) -> torch.Tensor:
         """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every parameter
@@ -421,6 +468,7 @@ class Curvature:
         diagonal = self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs)
         return checks("torch")._trace_of(diagonal, "hessian_trace")
 
+    @one_batch
     def kronecker_block(self, X: torch.Tensor, T: torch.Tensor, wrt_i: str,
                         wrt_j: str | None = None, part: str = "full",
                         **inputs: Any) -> KroneckerSum:
@@ -444,7 +492,7 @@ class Curvature:
                              f"Kronecker products in this module ({', '.join(blocks) or 'none'}"
                              f"), got ({wrt_i}, {wrt_j or wrt_i}, {part!r})")
         block = kronecker_block(module, params, X, T, first, second, part)
-        scale = ignored_scale(T, self.loss_name)
+        scale = ignored_scale(T, self._kind)
         if scale is not None:  # each product's first factor that is not an identity
             block.products = [(A * scale, B) if A is not None else (A, B * scale)
                               for A, B in block.products]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data import NothingCounted
 from .trace import Trace
 
 
@@ -86,8 +87,8 @@ def ignored_scale(T: Any, loss: str, per_sample: bool = False) -> float | torch.
         return torch.where(per > 0, rows / per.clamp(min=1), 0.0)
     total = int(counted.sum())
     if total == 0:
-        raise ValueError("T: expected a target that is not -100 (ignored), got only ignored "
-                         "ones: the mean over the counted targets is 0/0")
+        raise NothingCounted("T: expected a target that is not -100 (ignored), got only "
+                             "ignored ones: the mean over the counted targets is 0/0")
     return T.numel() / total
 
 

@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 
 from ..derivations.program import Program
 from .nodes import ancestors, differentiable, side_effects
+from .own_loss import OwnLoss, is_loss, own_loss, target_of
 from .parts import cut
 from .reader import program_of
 from .records import Constant, Reading, UnsupportedOperation
@@ -51,6 +52,7 @@ class Trace:
     X: str  # the placeholder of the input
     fixed: tuple
     seconds: float
+    own: OwnLoss | None = None  # the model's own loss (loss="model")
 
     @property
     def programs(self) -> list[Program]:
@@ -88,13 +90,14 @@ def signature(call: Call, X: torch.Tensor, kwargs: dict) -> tuple:
 
 def _dynamic(call: Call, X: torch.Tensor, kwargs: dict, fixed: frozenset = frozenset()
              ) -> tuple:
-    """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, ...)``) its sequence free;
+    """Dynamic-shape specs: ``X``'s batch and (for rows ``(B, L, d)`` or token ids
+    ``(B, L)``) its sequence free;
     the dimensions of other tensors that have those sizes left for the export to relate (but
     those of ``fixed``: ``(id(tensor), dim)``), the rest kept at the size given; a tensor of
     ``X``'s rank (an encoder's states) has its batch there bound to ``X``'s."""
     batch = torch.export.Dim("batch")
     free = {call.batch_dim: batch}
-    if X.ndim == 3:
+    if X.ndim == 3 or (X.ndim == 2 and not X.is_floating_point()):  # (B, L, d), token ids
         free[1 - call.batch_dim] = torch.export.Dim.DYNAMIC
 
     free_sizes = {X.shape[k] for k in free}
@@ -117,8 +120,10 @@ def _unbound(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor
              kwargs: dict) -> frozenset:
     """The dimensions of the keyword inputs that the export left free but that ``X``'s
     sizes do not determine (``(id(tensor), dim)``): a rotary table's width, an encoder's
-    length; the program is read with them at the sizes given."""
+    length; the program is read with them at the sizes given. A model's ``labels`` stay free:
+    only its own loss's target reads them, made at each call whatever their length."""
     inputs = dict(zip(_user_inputs(exported), _flat(exported, call, X, kwargs)))
+    inputs.pop("labels", None)
     shape = next(n for n in exported.graph.nodes if n.op == "placeholder"
                  and inputs.get(n.name) is X).meta["val"].shape
     bound = set().union(*(_symbols(e) for e in shape))
@@ -288,7 +293,9 @@ def _runs(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict) ->
 def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
           loss: str) -> Trace:
     """Export ``module`` with these inputs, cut its graph into parts and read each (the last
-    with ``loss``, the others with the linear loss a chain passes cotangents with)."""
+    with ``loss``, the others with the linear loss a chain passes cotangents with). With
+    ``loss="model"`` the module's first output is its own loss (:mod:`.own_loss`): the parts
+    end at the logits it is the loss of."""
     start = time.perf_counter()
     exported = export(module, call, X, kwargs)
     signature = exported.graph_signature
@@ -305,6 +312,15 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
             if spec.kind == kinds.USER_OUTPUT]
     main = next((a for a in user if isinstance(a, torch.fx.Node)
                  and isinstance(a.meta.get("val"), torch.Tensor)), None)
+    own = None
+    if loss == "model" and main is not None:
+        main, own = own_loss(main, type(module).__name__)
+        loss = own.kind
+    elif main is not None and is_loss(main):
+        raise UnsupportedOperation(f"{type(module).__name__}: its first output is its own loss "
+                                   f"(it was given labels=...); pass loss='model' to take "
+                                   f"that loss, or call it without labels= for loss={loss!r} "
+                                   f"of its logits")
     # a parameter that requires no gradient is a constant, as autograd has it
     frozen = {name for name, p in module.named_parameters(remove_duplicate=False)
               if not p.requires_grad}
@@ -325,9 +341,9 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
         readings.append(program_of(source, title, loss if last else "linear"))
     fixed = fixed_sizes(exported, call, X, kwargs)
     constants = [c for reading in readings for c in reading.constants]
-    return Trace(exported, readings, [s.root for s in sources],
-                 _constant_graph(exported, constants), X_name, fixed,
-                 time.perf_counter() - start)
+    made = _constant_graph(exported, _made(constants, own))
+    return Trace(exported, readings, [s.root for s in sources], made, X_name, fixed,
+                 time.perf_counter() - start, own)
 
 
 def _title(module: torch.nn.Module, path: str) -> str:
@@ -338,12 +354,18 @@ def _title(module: torch.nn.Module, path: str) -> str:
         return type(module).__name__
 
 
+def _made(constants: list[Constant], own: OwnLoss | None) -> list[str]:
+    """The graph nodes made at each call: those of the ``constants``, and the target of the
+    model's ``own`` loss."""
+    names = [name for c in constants if c.kind == "node" for name in _nodes(c)]
+    return list(dict.fromkeys(names + ([own.target] if own is not None else [])))
+
+
 def _constant_graph(exported: torch.export.ExportedProgram,
-                    constants: list[Constant]) -> torch.fx.GraphModule | None:
-    """The part of the exported graph that makes the constants the program reads, as a graph
-    module taking every placeholder and returning them in order."""
-    wanted = list(dict.fromkeys(name for c in constants if c.kind == "node"
-                                for name in _nodes(c)))
+                    wanted: list[str]) -> torch.fx.GraphModule | None:
+    """The part of the exported graph that makes the nodes ``wanted`` (the constants the
+    program reads), as a graph module taking every placeholder and returning them in
+    order."""
     if not wanted:
         return None
     graph = exported.graph
@@ -422,23 +444,32 @@ def doubled(value: Any, dim: int) -> Any:
 
 
 def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor,
-              kwargs: dict, dims: list[dict[str, int]]) -> list[dict[str, torch.Tensor]]:
+              kwargs: dict, dims: list[dict[str, int]]
+              ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
     """Each part's constants for this call (``dims``: each part's sizes), laid out as the
     generated code takes them (the batch first), in ``X``'s dtype (the parameters' for token
-    ids) and on its device."""
+    ids) and on its device; and the target of the model's own loss (``None`` without one),
+    along the logits' rows as the module lays them out."""
     computed: dict[str, torch.Tensor] = {}
     one = X.ndim > call.batch_dim and X.shape[call.batch_dim] == 1
+    run = (doubled(X, call.batch_dim), doubled(kwargs, call.batch_dim)) if one else (
+        X, kwargs)
     if trace.constants is not None:
         # a batch of one was read on the sample twice (the trace may hold that batch size):
         # computed on it twice, sample 0 kept
-        run = (doubled(X, call.batch_dim), doubled(kwargs, call.batch_dim)) if one else (
-            X, kwargs)
         with torch.no_grad():
             values = trace.constants(*placeholders(trace.exported, module, call, *run))
-        nodes = dict.fromkeys(name for reading in trace.readings
-                              for c in reading.constants if c.kind == "node"
-                              for name in _nodes(c))
-        computed = dict(zip(nodes, values))
+        constants = [c for reading in trace.readings for c in reading.constants]
+        computed = dict(zip(_made(constants, trace.own), values))
+    target = None
+    if trace.own is not None:
+        placeholder = next(n for n in trace.exported.graph.nodes if n.name == trace.X)
+        sizes = {extent.node.expr: size for extent, size in
+                 zip(placeholder.meta["val"].shape, run[0].shape)
+                 if isinstance(extent, torch.SymInt)}
+        target = target_of(trace.own, computed[trace.own.target], sizes)
+        if one:
+            target = target.narrow(trace.readings[-1].batch_dim, 0, 1)
     like = X if X.is_floating_point() else next(module.parameters())
     out = []
     for reading, part_dims in zip(trace.readings, dims):
@@ -454,7 +485,7 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
                 value = _table(constant, part_dims, like)
             values[constant.name] = value.contiguous()
         out.append(values)
-    return out
+    return out, target
 
 
 def _transformed(values: list[torch.Tensor], transform: str,

@@ -2,7 +2,8 @@
 every rank's shard when a ``torch.distributed`` process group is initialised
 (:mod:`.ranks`)."""
 
-from .batches import is_batches, mean, over_batches, takes_batches
+from .batches import NothingCounted, is_batches, mean, one_batch, over_batches, takes_batches
 from .ranks import RankError
 
-__all__ = ["RankError", "is_batches", "mean", "over_batches", "takes_batches"]
+__all__ = ["NothingCounted", "RankError", "is_batches", "mean", "one_batch", "over_batches",
+           "takes_batches"]

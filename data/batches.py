@@ -40,19 +40,34 @@ def is_batches(X: Any) -> bool:
         isinstance(X, Iterable)
 
 
-def _pair(batch: Any, index: int) -> tuple[Array, Array]:
-    if not isinstance(batch, tuple | list) or len(batch) != 2:
+def _parts(batch: Any, index: int) -> tuple[Any, Array, dict]:
+    """A loader's batch as ``(X, T, keyword inputs)``: from ``(X, T)``, ``(X, T, kwargs)``
+    or a dict of the forward's keyword inputs (``X`` the dict, its target among them)."""
+    if isinstance(batch, dict):
+        return batch, None, {}
+    if not isinstance(batch, tuple | list) or len(batch) not in (2, 3) or (
+            len(batch) == 3 and not isinstance(batch[2], dict)):
         kind = (f"a {type(batch).__name__} of length {len(batch)}"
                 if isinstance(batch, tuple | list) else f"a {type(batch).__name__}")
-        raise ValueError(f"X: expected batches (X, T) from the loader (such as "
+        raise ValueError(f"X: expected batches (X, T), (X, T, keyword inputs) or dicts of "
+                         f"the forward's keyword inputs from the loader (such as "
                          f"DataLoader(TensorDataset(X, T)) or [(X, T)]), got {kind} as batch "
                          f"{index}")
-    X, T = batch
+    X, T, inputs = (*batch, {}) if len(batch) == 2 else batch
     if not isinstance(X, torch.Tensor | np.ndarray) or X.ndim < 2:
         shape = tuple(X.shape) if hasattr(X, "shape") else type(X).__name__
         raise ValueError(f"X: expected each batch's X to be an array of samples along its "
                          f"first axis, got {shape} in batch {index}")
-    return X, T
+    return X, T, inputs
+
+
+def _samples(X: Any, batch_dim: int) -> int:
+    """The samples of a batch's ``X`` (of a dict: of its first tensor, batch first)."""
+    if isinstance(X, dict):
+        first = next((v for v in X.values() if isinstance(v, torch.Tensor | np.ndarray)
+                      and v.ndim), None)
+        return 0 if first is None else int(first.shape[0])
+    return int(X.shape[batch_dim])
 
 
 def _fingerprint(value: Any) -> str:
@@ -94,24 +109,30 @@ def _progress(batches: Iterable, what: str) -> Iterable:
                 total=length, disable=True if here is not None and here[0] != 0 else None)
 
 
-#: the terms a batch's mean is over: ``count(X, T)``
+#: the terms the mean of the batch just computed is over: ``count(X, T)``
 Count = Callable[[Array, Array], int]
 
 
-def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
+class NothingCounted(ValueError):
+    """A batch whose mean is over no term (every target ignored): alone it has no value; in a
+    dataset it adds nothing."""
+
+
+def _sum(batches: Iterable, compute: Callable[[Array, Array, dict], Array], what: str,
          batch_dim: int = 0, count_of: Count | None = None) -> tuple[Array | None, int]:
-    """``Σ_i n_i compute(X_i, T_i)`` over the batches (``None`` if none has a term) and
-    ``Σ_i n_i`` (``n_i``: ``count_of(X_i, T_i)``, by default the size of ``X_i`` along
-    ``batch_dim``)."""
+    """``Σ_i n_i compute(X_i, T_i, inputs_i)`` over the batches (``None`` if none has a term) and
+    ``Σ_i n_i`` (``n_i``: ``count_of(X_i, T_i)`` after the batch is computed, by default
+    the size of ``X_i`` along ``batch_dim``; a batch that counts nothing is skipped)."""
     total, count = None, 0
     for index, batch in enumerate(_progress(batches, what)):
-        X, T = _pair(batch, index)
-        size = int(X.shape[batch_dim])
-        if size and count_of is not None:
-            size = int(count_of(X, T))
-        if size == 0:
+        X, T, inputs = _parts(batch, index)
+        if _samples(X, batch_dim) == 0:
             continue
-        value = compute(X, T)
+        try:
+            value = compute(X, T, inputs)
+        except NothingCounted:
+            continue
+        size = _samples(X, batch_dim) if count_of is None else int(count_of(X, T))
         if total is None:
             total = value * size
         elif isinstance(total, torch.Tensor):
@@ -122,9 +143,10 @@ def _sum(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
     return total, count
 
 
-def mean(batches: Iterable, compute: Callable[[Array, Array], Array], what: str,
+def mean(batches: Iterable, compute: Callable[[Array, Array, dict], Array], what: str,
          arguments: Any = (), batch_dim: int = 0, count_of: Count | None = None) -> Array:
-    """``Σ_i n_i compute(X_i, T_i) / Σ_i n_i`` over ``batches`` (and over every rank's
+    """``Σ_i n_i compute(X_i, T_i, inputs_i) / Σ_i n_i`` over ``batches`` (keyword inputs
+    ``inputs_i``, see :func:`_parts`) (and over every rank's
     shard when a process group is initialised; then ``arguments``, the call's other
     inputs, must be equal on every rank; ``batch_dim``: the samples' axis of ``X``;
     ``count_of``: the terms ``n_i`` of a batch, by default its samples). ``what`` names the
@@ -191,8 +213,8 @@ def _rebound(signature: inspect.Signature, args: tuple, kwargs: dict
     X = args[at] if len(args) > at else kwargs.get("X")
     if not is_batches(X):
         return None
-    if isinstance(X, list | tuple) and X and not (
-            isinstance(X[0], tuple | list) and len(X[0]) == 2
+    if isinstance(X, list | tuple) and X and not isinstance(X[0], dict) and not (
+            isinstance(X[0], tuple | list) and len(X[0]) in (2, 3)
             and isinstance(X[0][0], torch.Tensor | np.ndarray)):
         raise TypeError(f"X: expected a tensor (the module's input) or a dataset's batches of "
                         f"(X, T) pairs of tensors, got a {type(X).__name__} of "
@@ -219,18 +241,47 @@ def _rebound(signature: inspect.Signature, args: tuple, kwargs: dict
     return X, bound, target
 
 
+def _one_batch(signature: inspect.Signature, args: tuple, kwargs: dict
+               ) -> tuple[tuple, dict]:
+    """The call's arguments, where its ``X`` is one batch given as a dict of the forward's
+    keyword inputs passed alone, with the target ``None`` (``c.hvp(batch, v)``: ``v`` is
+    ``v``)."""
+    names = list(signature.parameters)
+    at = names.index("X")
+    target = names[at + 1] if at + 1 < len(names) else None
+    X = args[at] if len(args) > at else kwargs.get("X")
+    if not isinstance(X, dict) or target in (None, "wrt") or len(args) <= at:
+        return args, kwargs
+    if target in kwargs:
+        raise TypeError(f"{target}: expected none with a batch dict (it holds its target, or "
+                        f"the model makes it), got one")
+    return (*args[:at + 1], None, *args[at + 1:]), kwargs
+
+
+def one_batch(method: Callable) -> Callable:
+    """Let a method ``f(…, X, T, …)`` take one batch as a dict of the forward's keyword inputs
+    in place of ``X, T`` (``f(…, batch, …)``)."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return method(*_one_batch(signature, args, kwargs)[0], **kwargs)
+
+    return wrapper
+
+
 def _dispatching(method: Callable, over: Callable[[Any, inspect.BoundArguments, str, tuple],
                                                    Any]) -> Callable:
-    """``method`` as it is on one batch, and ``over(batches, bound, target, args)`` when its
-    ``X`` is a dataset's batches (``bound``: the call's arguments, ``X`` and the target
-    ``None``)."""
+    """``method`` as it is on one batch (a dict of keyword inputs too, :func:`one_batch`),
+    and ``over(batches, bound, target, args)`` when its ``X`` is a dataset's batches
+    (``bound``: the call's arguments, ``X`` and the target ``None``)."""
     signature = inspect.signature(method)
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rebound = _rebound(signature, args, kwargs)
         if rebound is None:
-            return method(*args, **kwargs)
+            return method(*_one_batch(signature, args, kwargs)[0], **kwargs)
         return over(*rebound, args)
 
     return wrapper
@@ -248,9 +299,14 @@ def over_batches(state: Callable[[Any], Any] | None = None,
             others = {k: v for k, v in bound.arguments.items()
                       if k not in ("self", "X", target)}
 
-            def compute(X: Array, T: Array) -> Array:
+            def compute(X: Array, T: Array, inputs: dict) -> Array:
                 bound.arguments["X"], bound.arguments[target] = X, T
-                return method(*bound.args, **bound.kwargs)
+                given = bound.kwargs
+                twice = sorted(set(inputs) & set(given))
+                if twice:
+                    raise TypeError(f"{twice[0]}: expected it once, got it in a batch and in "
+                                    f"the call")
+                return method(*bound.args, **given, **inputs)
 
             agreed = (others, state(args[0])) if state is not None else others
             # (a module that takes its batch second, X of shape (L, B, d), says so)

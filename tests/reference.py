@@ -27,7 +27,11 @@ def main_output(out: Any) -> torch.Tensor:
     return main_output(out[0])
 
 
-def losses(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def losses(name: str | Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss ``name`` of the output and the target (a callable: as it is, such as a
+    model's own loss of its logits)."""
+    if callable(name):
+        return name
     if name == "mse":
         return F.mse_loss
     return lambda Z, T: F.cross_entropy(Z.reshape(-1, Z.shape[-1]), T.reshape(-1))
@@ -38,7 +42,7 @@ class Reference:
     module's order (``wrt`` names a subset)."""
 
     def __init__(self, module: torch.nn.Module, X: torch.Tensor, T: torch.Tensor,
-                 loss: str = "mse", wrt: list[str] | None = None, twin: bool = False,
+                 loss: str | Callable = "mse", wrt: list[str] | None = None, twin: bool = False,
                  **inputs: Any) -> None:
         # the input on the path too (its float32 casts are the twin's to keep in float64)
         def marked(value: Any) -> Any:
@@ -59,7 +63,8 @@ class Reference:
             return main_output(self.module(self.X if X is None else X, **self.inputs))
 
     def loss(self) -> torch.Tensor:
-        return self.loss_fn(self.output(), self.T)
+        with float64_twin(self.twin):
+            return self.loss_fn(self.output(), self.T)
 
     def _gradient(self, create_graph: bool) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.MATH), float64_twin(self.twin):
