@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-import sys
 import time
 from typing import Any
 
 import torch
 
+from ..codegen.cache import announced, say
 from ..data import is_batches, one_batch, over_batches, takes_batches
 from ..derivations.losses import names as loss_names
 from ..models import Chain
@@ -49,6 +49,7 @@ from .inputs import (
 )
 from .narrowing import OwnForward, narrowing
 from .pieces import assembled, directions, empty, pieces_of, refuse_tied, spread, used_of
+from .readings import load_reading, reading_key, store_reading
 from .trace import Call, constants, doubled, fits, signature, trace
 from .traced import Traced
 
@@ -201,7 +202,14 @@ class Curvature:
 
     def _trace(self, call: Call, X: torch.Tensor, inputs: dict) -> Traced:
         start = time.perf_counter()
-        found = trace(self.module, call, X, inputs, self.loss_name)
+        key = reading_key(self.module, signature(call, X, inputs), self.loss_name)
+        found, read = load_reading(key), 0.0
+        if found is None or not fits(found, call, X, inputs):
+            with announced(f"reading {type(self.module).__name__}'s forward for these kinds "
+                           "of inputs (torch.export; kept on disk)"):
+                found = trace(self.module, call, X, inputs, self.loss_name)
+            read = found.seconds
+            store_reading(key, found)
         programs, paths = found.programs, found.paths
         prefixes = ([""] if len(programs) == 1 else
                     [f"{path or f'part{k}'}." for k, path in enumerate(paths)])
@@ -219,13 +227,12 @@ class Curvature:
             for name, source in reading.params.items():
                 source = f"{path}.{source}" if path else source
                 names[f"{prefix}{name}"] = canonical[id(self.module.get_parameter(source))]
-        generating = time.perf_counter() - start - found.seconds
+        generating = time.perf_counter() - start - read
         if generating > 1:  # a new architecture (a cached one only loads)
             parts = f" ({len(set(programs))} distinct of {len(programs)} parts)" \
                 if len(programs) > 1 else ""
-            print(f"curvgap: read {type(self.module).__name__} in {found.seconds:.1f} s and "
-                  f"generated its module{'s' if parts else ''}{parts} in {generating:.1f} s "
-                  "(once per architecture: cached on disk)", file=sys.stderr)
+            say(f"generated {type(self.module).__name__}'s module{'s' if parts else ''}"
+                f"{parts} in {generating:.1f} s (once per architecture: cached on disk)")
         traced.names = names
         return traced
 

@@ -1,21 +1,84 @@
 """What a module computes, apart from the values of its weights, as one digest: a curvature
 object checks it at every call and reads the module again when it changed — a submodule
 swapped (even for one of the same class), a forward replaced (on the class or the instance),
-an activation or option changed, train/eval, a tensor attribute of another shape, parameters
-added, removed, tied, untied, frozen or thawed.
+a function it calls replaced (a helper of its module, a method it calls on ``self``), an
+activation or option changed, train/eval, a tensor attribute of another shape, parameters
+added, removed, tied, untied, frozen or thawed. Its portable form, equal in every process,
+names a module's reading on disk (:mod:`.readings`).
 
 Values are not in it: weights, buffers and tensor attributes are read at every call."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import types
 
 import torch
 
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _plain(value: object, seen: set[int]) -> object:
+def _code(value: object, portable: bool, owner: type | None = None) -> str:
+    """A function (a forward, a hook) as its code: its name and the code object's identity,
+    or ``portable``, what it runs (equal in every process, :func:`_runs`; ``owner``: the
+    class whose methods it may call on ``self``)."""
+    name = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+    if getattr(value, "__code__", None) is None:
+        return f"{name}@{id(value)}"
+    return f"{name}@{_runs(value, set(), owner, portable)}"
+
+
+def _runs(function: object, visited: set[int], owner: type | None = None,
+          portable: bool = False) -> str:
+    """A digest of what ``function`` runs: its code (the code object's identity, or
+    ``portable`` its text), and that of the functions it reads from its globals and its
+    closure and of the methods of ``owner`` it names, and the plain values among them (so
+    a helper replaced or edited counts)."""
+    code = getattr(function, "__code__", None)
+    if code is None or id(code) in visited:
+        return ""
+    visited.add(id(code))
+    digest = hashlib.sha256((_code_text(code) if portable else str(id(code))).encode())
+    names = set(code.co_names)
+    for inner in code.co_consts:  # comprehensions, lambdas and nested functions
+        if hasattr(inner, "co_names"):
+            names |= set(inner.co_names)
+    scope = getattr(function, "__globals__", {})
+    cells = []
+    for cell in getattr(function, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            cells.append(cell.cell_contents)
+    methods = [getattr(owner, n) for n in sorted(names) if owner is not None
+               and n not in scope and hasattr(getattr(owner, n, None), "__code__")]
+    for value in [scope[n] for n in sorted(names) if n in scope] + cells + methods:
+        if hasattr(value, "__code__"):
+            digest.update(_runs(value, visited, owner, portable).encode())
+        elif isinstance(value, _PLAIN):
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+def _code_text(code: types.CodeType) -> str:
+    """A code object as text equal in every process (``marshal``'s bytes are not: they mark
+    shared objects by how often they are referenced)."""
+    constants = [_code_text(c) if isinstance(c, types.CodeType) else _stable(c)
+                 for c in code.co_consts]
+    return repr((code.co_code.hex(), constants, code.co_names, code.co_varnames,
+                 code.co_freevars))
+
+
+def _stable(value: object) -> str:
+    """``repr(value)``, sets and frozensets in sorted order (their order changes with the
+    process's string hashing)."""
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(_stable(v) for v in value)) + "}"
+    if isinstance(value, tuple | list):
+        return repr(type(value)(_stable(v) for v in value))
+    return repr(value)
+
+
+def _plain(value: object, seen: set[int], portable: bool = False) -> object:
     """``value`` as something with a stable ``repr``, or ``None`` when it is not part of the
     computation curvgap reads (tensors are weights or buffers, covered by their shapes)."""
     if isinstance(value, _PLAIN):
@@ -27,13 +90,11 @@ def _plain(value: object, seen: set[int]) -> object:
     if isinstance(value, torch.Tensor):  # a tensor attribute: read at call time, its layout
         return f"tensor{tuple(value.shape)}{value.dtype}{value.device}{value.requires_grad}"
     if callable(value) and not isinstance(value, torch.nn.Module):
-        code = getattr(value, "__code__", None)  # a function object is its code and its id
-        return (f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
-                f"@{id(code) if code is not None else id(value)}")
+        return _code(value, portable)
     if hasattr(value, "to_dict") and id(value) not in seen:  # a transformers config
         seen.add(id(value))
         try:
-            return repr(sorted((str(k), repr(v)) for k, v in value.to_dict().items()))
+            return repr(sorted((str(k), _stable(v)) for k, v in value.to_dict().items()))
         except Exception:  # noqa: BLE001 - a config that cannot list itself adds nothing
             return None
     return None
@@ -47,25 +108,32 @@ def _tensors(kind: str, items: list[tuple[str, torch.Tensor]]) -> str:
                    f"={first.setdefault(id(t), name)};" for name, t in items)
 
 
-def fingerprint(module: torch.nn.Module) -> str:
+def fingerprint(module: torch.nn.Module, portable: bool = False) -> str:
     """A digest of ``module``'s structure: each submodule's path, identity, class, mode, the
     code of its ``forward``, its forward hooks and its plain and tensor attributes; the
     names, shapes, dtypes, devices, ``requires_grad`` and ties of its parameters and
-    buffers."""
+    buffers. ``portable``: equal in every process for equal modules (identities as the
+    first path of each submodule, functions as their code), for a cache on disk."""
     digest = hashlib.blake2b(digest_size=16)
     seen: set[int] = set()
+    first: dict[int, str] = {}
+    forwards: dict[type, str] = {}
     for name, sub in module.named_modules(remove_duplicate=False):
-        forward = _plain(type(sub).forward, seen)
-        hooks = [id(hook) for table in (sub._forward_pre_hooks, sub._forward_hooks)
+        cls = type(sub)
+        if cls not in forwards:  # each class's forward walked once
+            forwards[cls] = _code(cls.forward, portable, cls)
+        forward = forwards[cls]
+        hooks = [_code(hook, portable) for table in (sub._forward_pre_hooks, sub._forward_hooks)
                  for hook in table.values()]  # what a hook adds is traced with the forward
-        digest.update(f"{name}|{id(sub)}|{type(sub).__module__}.{type(sub).__qualname__}|"
+        identity = first.setdefault(id(sub), name) if portable else id(sub)
+        digest.update(f"{name}|{identity}|{type(sub).__module__}.{type(sub).__qualname__}|"
                       f"{sub.training}|{forward}|{hooks}".encode())
         for key, value in sorted(vars(sub).items()):
             if key in ("_parameters", "_buffers", "_modules", "training") or \
                     key.endswith("_hooks") or key.startswith("_forward") or \
                     key.startswith("_backward") or key.startswith("_state_dict"):
                 continue
-            plain = _plain(value, seen)
+            plain = _plain(value, seen, portable)
             if plain is not None:
                 digest.update(f"{key}={plain!r}".encode())
     digest.update(_tensors("p", list(module.named_parameters(remove_duplicate=False))).encode())

@@ -181,11 +181,8 @@ def check_indices(traced: Trace, inputs: dict) -> None:
 def part_dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:
     """Each part's sizes for this ``X``: the fixed ones and those bound at call time (the
     trace's symbols, valued from ``X``'s shape)."""
-    placeholder = next(n for n in traced.exported.graph.nodes if n.name == traced.X)
-    values = {}
-    for extent, size in zip(placeholder.meta["val"].shape, X.shape):
-        if isinstance(extent, torch.SymInt):
-            values[extent.node.expr] = int(size)
+    values = {extent: int(size) for extent, size in zip(traced.entry.X_shape, X.shape)
+              if not isinstance(extent, int)}
     out = []
     for reading in traced.readings:
         dims = {name: size for name, size in reading.program.sizes if size is not None}

@@ -36,7 +36,7 @@ _LOSSES = {
 class OwnLoss:
     """The model's loss: ``kind`` (``"cross_entropy"``, ``"mse"``) of the logits against the
     graph node ``target``, whose entries lie along the logits' leading axes ``rows`` (sizes as
-    the trace has them, symbolic where free)."""
+    the trace has them: an expression in its symbols where free)."""
 
     kind: str
     target: str
@@ -92,7 +92,8 @@ def own_loss(node: torch.fx.Node, model: str) -> tuple[torch.fx.Node, OwnLoss]:
     if chosen is None or not isinstance(target, torch.fx.Node):
         raise UnsupportedOperation(f"loss='model': expected {model}'s loss to read logits of "
                                    f"shape (B, ..., classes), got shape {shape}")
-    leading = tuple(chosen.meta["val"].shape)
+    leading = tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s)
+                    for s in chosen.meta["val"].shape)
     return chosen, OwnLoss(kind, target.name, leading[:-1] if kind == "cross_entropy"
                            else leading)
 
@@ -111,8 +112,7 @@ def _said(name: str, value: object) -> str:
 def target_of(own: OwnLoss, value: torch.Tensor, sizes: dict) -> torch.Tensor:
     """The target ``value`` the module made, laid out along the logits' rows (``sizes``: the
     value of each free size of the trace for this call)."""
-    shape = tuple(int(s.node.expr.xreplace(sizes)) if isinstance(s, torch.SymInt) else int(s)
-                  for s in own.rows)
+    shape = tuple(int(sp.sympify(s).xreplace(sizes)) for s in own.rows)
     if value.numel() != math.prod(shape):
         raise ValueError(f"labels: the model makes a target of {value.numel()} entries from "
                          f"them, expected {math.prod(shape)} (its logits' rows {shape})")

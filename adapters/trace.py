@@ -10,6 +10,7 @@ leave free).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -39,13 +40,50 @@ _DEBUG = bool(os.environ.get("CURVGAP_DEBUG_TRACE"))
 
 
 @dataclass
-class Trace:
-    """A module read with one kind of inputs: the exported program, the reading of each part
-    (one, or a model's blocks and what surrounds them, :mod:`.parts`) with its block path,
-    the graph that makes the constants, and per user input the sizes the export fixed
-    (``None`` where free)."""
+class Entry:
+    """How a call's values reach the exported graph's placeholders: per placeholder its name,
+    its kind (``"user"``, ``"parameter"``, ``"buffer"``, ``"constant"``) and the module's
+    name for it; how the call's arguments flatten into the user inputs; the constants the
+    export lifted; and ``X``'s sizes (an integer, or an expression in the trace's symbols
+    where free)."""
 
-    exported: torch.export.ExportedProgram
+    specs: tuple[tuple[str, str, str | None], ...]
+    in_spec_text: str  # pytree's serialised TreeSpec (it pickles with a warning)
+    lifted: dict[str, Any]
+    X_shape: tuple
+
+    @functools.cached_property
+    def in_spec(self) -> pytree.TreeSpec:
+        return pytree.treespec_loads(self.in_spec_text)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "in_spec"}
+
+    @classmethod
+    def of(cls, exported: torch.export.ExportedProgram, X: str) -> Entry:
+        kinds = torch.export.graph_signature.InputKind
+        names = {kinds.USER_INPUT: "user", kinds.PARAMETER: "parameter",
+                 kinds.BUFFER: "buffer"}
+        specs = tuple((s.arg.name, names.get(s.kind, "constant"), s.target)
+                      for s in exported.graph_signature.input_specs)
+        shape = next(n for n in exported.graph.nodes if n.name == X).meta["val"].shape
+        return cls(specs, pytree.treespec_dumps(exported.call_spec.in_spec),
+                   dict(exported.constants),
+                   tuple(e.node.expr if isinstance(e, torch.SymInt) else int(e) for e in shape))
+
+    def user(self) -> list[str]:
+        """The user inputs' placeholders, in order."""
+        return [name for name, kind, _ in self.specs if kind == "user"]
+
+
+@dataclass
+class Trace:
+    """A module read with one kind of inputs (picklable: cached on disk, :mod:`.readings`):
+    how the call reaches the exported graph, the reading of each part (one, or a model's
+    blocks and what surrounds them, :mod:`.parts`) with its block path, the graph that makes
+    the constants, and per user input the sizes the export fixed (``None`` where free)."""
+
+    entry: Entry
     readings: list[Reading]
     paths: list[str]
     constants: torch.fx.GraphModule | None
@@ -122,7 +160,8 @@ def _unbound(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor
     sizes do not determine (``(id(tensor), dim)``): a rotary table's width, an encoder's
     length; the program is read with them at the sizes given. A model's ``labels`` stay free:
     only its own loss's target reads them, made at each call whatever their length."""
-    inputs = dict(zip(_user_inputs(exported), _flat(exported, call, X, kwargs)))
+    inputs = dict(zip(_user_inputs(exported), _flat(exported.call_spec.in_spec, call, X,
+                                                    kwargs)))
     inputs.pop("labels", None)
     shape = next(n for n in exported.graph.nodes if n.op == "placeholder"
                  and inputs.get(n.name) is X).meta["val"].shape
@@ -149,10 +188,9 @@ def _user_inputs(exported: torch.export.ExportedProgram) -> list[str]:
             if s.kind == kinds.USER_INPUT]
 
 
-def _flat(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor,
-          kwargs: dict) -> list:
+def _flat(in_spec: pytree.TreeSpec, call: Call, X: torch.Tensor, kwargs: dict) -> list:
     """The call's inputs in the order of the exported program's user inputs."""
-    return fx_pytree.tree_flatten_spec(call.arguments(X, kwargs), exported.call_spec.in_spec)
+    return fx_pytree.tree_flatten_spec(call.arguments(X, kwargs), in_spec)
 
 
 def fixed_sizes(exported: torch.export.ExportedProgram, call: Call, X: torch.Tensor,
@@ -167,7 +205,7 @@ def fixed_sizes(exported: torch.export.ExportedProgram, call: Call, X: torch.Ten
 
 def fits(traced: Trace, call: Call, X: torch.Tensor, kwargs: dict) -> bool:
     """Whether this call's inputs have the sizes the trace fixed (where it fixed any)."""
-    flat = _flat(traced.exported, call, X, kwargs)
+    flat = _flat(traced.entry.in_spec, call, X, kwargs)
     return all(fixed is None or (isinstance(value, torch.Tensor) and value.ndim == len(fixed)
                                  and all(f is None or f == n for f, n in zip(fixed, value.shape)))
                for fixed, value in zip(traced.fixed, flat))
@@ -342,7 +380,8 @@ def trace(module: torch.nn.Module, call: Call, X: torch.Tensor, kwargs: dict,
     fixed = fixed_sizes(exported, call, X, kwargs)
     constants = [c for reading in readings for c in reading.constants]
     made = _constant_graph(exported, _made(constants, own))
-    return Trace(exported, readings, [s.root for s in sources], made, X_name, fixed,
+    return Trace(Entry.of(exported, X_name), readings, [s.root for s in sources], made,
+                 X_name, fixed,
                  time.perf_counter() - start, own)
 
 
@@ -391,29 +430,23 @@ def _nodes(constant: Constant) -> tuple[str, ...]:
     return constant.node if isinstance(constant.node, tuple) else (constant.node,)
 
 
-def placeholders(exported: torch.export.ExportedProgram, module: torch.nn.Module,
-                 call: Call, X: torch.Tensor, kwargs: dict) -> list:
+def placeholders(inputs: Entry, module: torch.nn.Module, call: Call, X: torch.Tensor,
+                 kwargs: dict) -> list:
     """The values of every placeholder of the exported graph for this call: parameters and
     buffers read from the module now, lifted constants, and the call's inputs."""
-    signature = exported.graph_signature
-    args, kw = call.arguments(X, kwargs)
-    flat = fx_pytree.tree_flatten_spec((args, kw), exported.call_spec.in_spec)
-    kinds = torch.export.graph_signature.InputKind
-    user = dict(zip([s.arg.name for s in signature.input_specs if s.kind == kinds.USER_INPUT],
-                    flat))
+    user = dict(zip(inputs.user(), _flat(inputs.in_spec, call, X, kwargs)))
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     values = []
-    for spec in signature.input_specs:
-        name = spec.arg.name
-        if spec.kind == kinds.USER_INPUT:
+    for name, kind, target in inputs.specs:
+        if kind == "user":
             values.append(user[name])
-        elif spec.target in params:
-            values.append(params[spec.target].detach())
-        elif spec.target in buffers:
-            values.append(buffers[spec.target])
+        elif target in params:
+            values.append(params[target].detach())
+        elif target in buffers:
+            values.append(buffers[target])
         else:
-            values.append(_attribute(module, spec.target, exported.constants[spec.target]))
+            values.append(_attribute(module, target, inputs.lifted[target]))
     return values
 
 
@@ -458,15 +491,14 @@ def constants(trace: Trace, module: torch.nn.Module, call: Call, X: torch.Tensor
         # a batch of one was read on the sample twice (the trace may hold that batch size):
         # computed on it twice, sample 0 kept
         with torch.no_grad():
-            values = trace.constants(*placeholders(trace.exported, module, call, *run))
+            values = trace.constants(*placeholders(trace.entry, module, call, *run))
         constants = [c for reading in trace.readings for c in reading.constants]
         computed = dict(zip(_made(constants, trace.own), values))
     target = None
     if trace.own is not None:
-        placeholder = next(n for n in trace.exported.graph.nodes if n.name == trace.X)
-        sizes = {extent.node.expr: size for extent, size in
-                 zip(placeholder.meta["val"].shape, run[0].shape)
-                 if isinstance(extent, torch.SymInt)}
+        sizes = {extent: size for extent, size in zip(trace.entry.X_shape,
+                                                      run[0].shape)
+                 if not isinstance(extent, int)}
         target = target_of(trace.own, computed[trace.own.target], sizes)
         if one:
             target = target.narrow(trace.readings[-1].batch_dim, 0, 1)

@@ -227,15 +227,29 @@ def _cannot(what: str, error: OSError) -> str:
 
 def _current(path: Path, expected: _Expected) -> str | None:
     """The text of the module at ``path`` if it is trusted, intact and current, else None."""
+    data = trusted_bytes(path)
+    return None if data is None else _verified(data, expected)
+
+
+def trusted_bytes(path: Path) -> bytes | None:
+    """The bytes of the file at ``path`` if it is a plain file of the user's (or root's) that
+    no one else can write (loading it runs code), else None."""
     try:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_uid not in (os.geteuid(), 0) or \
                 info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return None
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError:
         return None
-    return _verified(data, expected)
+
+
+def trusted_folder(name: str) -> Path:
+    """The cache's folder ``name`` (made if missing), checked as the module folders are: the
+    user's (or root's), writable by no one else."""
+    folder = cache_root() / name
+    _prepare(folder, [])
+    return folder
 
 
 def _verified(data: bytes, expected: _Expected) -> str | None:
@@ -287,25 +301,25 @@ def _generate(folder: Path, key: str, backend: str, render: Callable[[], Mapping
               expected: _Expected, what: str) -> str:
     """Under the lock of ``key``: the text of its ``backend`` module, as another process
     wrote it while this one waited, or rendered and written here (saying so,
-    :func:`_announced`)."""
+    :func:`announced`)."""
     path = folder / backend / f"layer_{key}{backend_named(backend).suffix}"
     with _locked(folder, key):
         text = _current(path, expected)
         if text is not None:
             return text
-        with _announced(what, folder):
+        with announced(f"generating {what}: not in the module cache {folder} yet"):
             return _write(folder, key, backend, render, expected)
 
 
 @contextlib.contextmanager
-def _announced(what: str, folder: Path) -> Iterator[None]:
-    """One line on stderr around a generation: ``what`` is generated and why, then how long
-    it took (or that it failed); nothing when :data:`QUIET` is set."""
+def announced(step: str) -> Iterator[None]:
+    """One line on stderr around a long ``step`` (``"generating ..."``), on a terminal or
+    not: the step, then how long it took (or that it failed); nothing when :data:`QUIET` is
+    set."""
     if os.environ.get(QUIET, "") not in ("", "0"):
         yield
         return
-    print(f"curvgap: generating {what}: not in the module cache {folder} yet ...", end="",
-          file=sys.stderr, flush=True)
+    print(f"curvgap: {step} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         yield
@@ -313,6 +327,12 @@ def _announced(what: str, folder: Path) -> Iterator[None]:
         print(" failed", file=sys.stderr, flush=True)
         raise
     print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def say(line: str) -> None:
+    """``line`` on stderr (what a long step did), unless :data:`QUIET` is set."""
+    if os.environ.get(QUIET, "") in ("", "0"):
+        print(f"curvgap: {line}", file=sys.stderr, flush=True)
 
 
 def _write(folder: Path, key: str, backend: str, render: Callable[[], Mapping[str, str]],

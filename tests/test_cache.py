@@ -422,7 +422,9 @@ def test_a_generation_says_so_in_one_line_and_a_cached_use_says_nothing(cold, ca
     X, T = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 5, 3, dtype=torch.float64)
     curvgap.curvature(layer).loss(X, T)
     err = capsys.readouterr().err
-    assert re.fullmatch(r"curvgap: generating the torch code of Linear's loss, gradient and "
+    assert re.fullmatch(r"curvgap: reading Linear's forward for these kinds of inputs "
+                        r"\(torch.export; kept on disk\) \.\.\. done in \d+\.\d s\n"
+                        r"curvgap: generating the torch code of Linear's loss, gradient and "
                         r"curvature products: not in the module cache "
                         rf"{re.escape(str(cold / 'modules'))} yet \.\.\. done in \d+\.\d s\n",
                         err), err

@@ -1,0 +1,106 @@
+"""A module's reading is kept on disk: a new curvature object (as in a new process) of a
+module read before answers without tracing it again, exactly; a module whose code or
+structure differs, a file changed by someone else or damaged, is read again."""
+
+import importlib
+import os
+import stat
+
+import pytest
+import torch
+
+import curvgap
+from curvgap.adapters import readings
+from tests.reference import Reference, randomise, relative
+
+DTYPE = torch.float64
+curvature_module = importlib.import_module("curvgap.adapters.curvature")
+
+
+class Gated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(5, 6), torch.nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)) * torch.sigmoid(self.a(x)))
+
+
+class Other(Gated):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _data(batch: int = 3, length: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 10 + length)
+    return (torch.randn(batch, length, 5, generator=generator, dtype=DTYPE),
+            torch.randn(batch, length, 5, generator=generator, dtype=DTYPE))
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """The traces made from now on (module class names)."""
+    made = []
+    real = curvature_module.trace
+
+    def counted(module, *args, **kwargs):
+        made.append(type(module).__name__)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(curvature_module, "trace", counted)
+    return made
+
+
+def test_a_module_read_before_is_answered_from_disk_exactly(traces):
+    module = randomise(Gated().to(DTYPE))
+    X, T = _data()
+    curvgap.curvature(module).gradient(X, T)
+    assert traces == ["Gated"]
+    again = randomise(Gated().to(DTYPE), seed=3)  # another instance, other weights
+    X, T = _data(2, 7)  # other sizes
+    c = curvgap.curvature(again)
+    assert relative(c.gradient(X, T), Reference(again, X, T).gradient()) <= 1e-10
+    assert traces == ["Gated"]  # not traced again
+    curvgap.curvature(randomise(Other().to(DTYPE))).gradient(X, T)
+    assert traces == ["Gated", "Other"]  # other code: read
+
+
+@pytest.mark.parametrize("damage", ["writable by others", "truncated"])
+def test_a_reading_changed_by_someone_else_or_damaged_is_read_again(traces, damage):
+    module = randomise(Gated().to(DTYPE))
+    X, T = _data()
+    c = curvgap.curvature(module, "mse")
+    c.gradient(X, T)
+    key = readings.reading_key(module, next(iter(c._traced)), "mse")
+    path = readings.trusted_folder("readings") / f"{key}.pkl"
+    assert path.exists()
+    before = len(traces)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        os.chmod(path, os.stat(path).st_mode | stat.S_IWOTH)
+    c = curvgap.curvature(module, "mse")
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    assert len(traces) == before + 1  # read again
+
+
+def _squash(u: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(u)
+
+
+class Helped(Gated):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(_squash(self.a(x)))
+
+
+def test_a_helper_replaced_is_read_again_in_this_process_and_on_disk(traces, monkeypatch):
+    module = randomise(Helped().to(DTYPE))
+    X, T = _data()
+    c = curvgap.curvature(module)
+    c.gradient(X, T)
+    before = len(traces)
+    monkeypatch.setitem(globals(), "_squash", torch.sigmoid)  # the function forward calls
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    assert len(traces) == before + 1
+    fresh = curvgap.curvature(module)  # as in a new process: the disk's reading is the new one
+    assert relative(fresh.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
