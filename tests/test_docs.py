@@ -19,7 +19,7 @@ def test_the_gallery_has_the_tutorials():
     names = {path.stem for path in EXAMPLES}
     assert {"plot_block_hessian", "plot_regenerate_variant", "plot_hf_eigenvalues",
             "plot_exact_diagonal", "plot_kronecker_spectrum", "plot_dataset_torchrun",
-            "plot_paper_analyses"} <= names
+            "plot_paper_analyses", "plot_padded_dataset"} <= names
 
 
 @pytest.mark.slow
