@@ -53,6 +53,8 @@ class Model:
     T: torch.Tensor
     loss: str = "mse"
     inputs: dict = field(default_factory=dict)
+    #: whether curvlinops' GGN takes it (its loss over (B, L, classes) logits does not)
+    curvlinops: bool = True
 
 
 def _randomised(module: torch.nn.Module, dtype: torch.dtype, seed: int) -> torch.nn.Module:
@@ -85,6 +87,23 @@ def gpt2(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Mo
     X, T = _rows(batch, L, d, dtype, device)
     return Model(f"GPT-2 small, L={L}, B={batch}" if not quick else "GPT-2 (tiny)", module, None,
                  T, inputs={"inputs_embeds": X, "use_cache": False})
+
+
+def gpt2_lm(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Model:
+    """GPT-2 small with its language-model head (``GPT2LMHeadModel``: the 50257-word head
+    tied to the token table) on ``L = 128`` token ids, next-token cross-entropy."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, d, heads, L, V = (2, 16, 2, 8, 40) if quick else (12, 768, 12, 128, 50257)
+    config = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, n_positions=L + 1,
+                        vocab_size=V, bos_token_id=0, eos_token_id=0,
+                        attn_implementation="eager")
+    module = _randomised(GPT2LMHeadModel(config), dtype, 0).to(device)
+    ids = torch.randint(0, V, (batch, L + 1), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
+    name = f"GPT-2 small LM (tied head), L={L}, B={batch}" if not quick else "GPT-2 LM (tiny)"
+    return Model(name, module, ids[:, :-1], ids[:, 1:], loss="cross_entropy",
+                 inputs={"use_cache": False}, curvlinops=False)
 
 
 def _rows(batch: int, L: int, d: int, dtype: torch.dtype, device: str) -> tuple:
@@ -143,8 +162,10 @@ def vit(quick: bool, dtype: torch.dtype, batch: int, device: str = "cpu") -> Mod
 
 #: ``(maker, dtype, batch)`` of the table's rows.
 ROWS = [(gpt2, torch.float32, 1), (gpt2, torch.float64, 1), (gpt2, torch.float32, 4),
+        (gpt2_lm, torch.float32, 1), (gpt2_lm, torch.float64, 1),
         (llama_layer, torch.float64, 2), (vit, torch.float32, 4)]
-QUICK_ROWS = [(gpt2, torch.float64, 2), (llama_layer, torch.float64, 2), (vit, torch.float32, 2)]
+QUICK_ROWS = [(gpt2, torch.float64, 2), (gpt2_lm, torch.float64, 2),
+              (llama_layer, torch.float64, 2), (vit, torch.float32, 2)]
 
 
 class Routes:
@@ -349,19 +370,19 @@ CURVLINOPS_PAIRS = [("gnvp_curvlinops", "gnvp", "curvlinops_ggn"),
                     ("gn_operator_curvlinops", "gn_operator", "curvlinops_ggn")]
 
 
-def _pairs() -> list[tuple[str, str, str]]:
+def _pairs(model: Model) -> list[tuple[str, str, str]]:
     try:
         import curvlinops  # noqa: F401
     except ImportError:
         return PAIRS
-    return PAIRS + CURVLINOPS_PAIRS
+    return PAIRS + CURVLINOPS_PAIRS if model.curvlinops else PAIRS
 
 
 def measure(model: Model, rounds: int, device: str = "cpu", fused: bool = False) -> dict:
     """One model's row: times (median of ``rounds``, routes interleaved), ratios, peak
     memory and agreement (curvgap's code through ``torch.compile`` when ``fused``)."""
     routes = Routes(model, fused)
-    pairs = _pairs()
+    pairs = _pairs(model)
     names = dict.fromkeys(name for _, ours, theirs in pairs for name in (ours, theirs))
     run = {name: synchronized(getattr(routes, name), device) for name in names}
     start = time.perf_counter()
