@@ -11,7 +11,10 @@ Values are not in it: weights, buffers and tensor attributes are read at every c
 from __future__ import annotations
 
 import contextlib
+import enum
+import functools
 import hashlib
+import re
 import types
 
 import torch
@@ -24,7 +27,11 @@ def _code(value: object, portable: bool, owner: type | None = None) -> str:
     or ``portable``, what it runs (equal in every process, :func:`_runs`; ``owner``: the
     class whose methods it may call on ``self``)."""
     name = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
-    if getattr(value, "__code__", None) is None:
+    if getattr(value, "__code__", None) is None:  # a builtin (torch.tanh): its name
+        if portable and not isinstance(getattr(value, "__self__", None), torch.nn.Module):
+            if name == ".":
+                raise NotPortable(f"{type(value).__qualname__} callable")
+            return name
         return f"{name}@{id(value)}"
     return f"{name}@{_runs(value, set(), owner, portable)}"
 
@@ -78,18 +85,37 @@ def _stable(value: object) -> str:
     return repr(value)
 
 
+class NotPortable(ValueError):
+    """A module holds a value whose meaning no process-independent text captures (its
+    ``repr`` is an address): its reading is not kept on disk."""
+
+
 def _plain(value: object, seen: set[int], portable: bool = False) -> object:
     """``value`` as something with a stable ``repr``, or ``None`` when it is not part of the
-    computation curvgap reads (tensors are weights or buffers, covered by their shapes)."""
+    computation curvgap reads (submodules are read as such; tensors are weights or buffers,
+    covered by their shapes). ``portable``: a value of another kind is its ``repr``, or
+    :class:`NotPortable` where that is an address."""
     if isinstance(value, _PLAIN):
         return value
-    if isinstance(value, tuple | list) and all(isinstance(v, _PLAIN) for v in value):
-        return tuple(value)
+    if isinstance(value, enum.Enum):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return tuple(_plain(v, seen, portable) for v in value)
+    if isinstance(value, dict):  # options such as an interpolation's mode
+        return tuple(sorted((repr(k), repr(_plain(v, seen, portable)))
+                            for k, v in value.items()))
+    if isinstance(value, set | frozenset):
+        return tuple(sorted(repr(_plain(v, seen, portable)) for v in value))
     if isinstance(value, torch.dtype | torch.device):
         return str(value)
     if isinstance(value, torch.Tensor):  # a tensor attribute: read at call time, its layout
         return f"tensor{tuple(value.shape)}{value.dtype}{value.device}{value.requires_grad}"
-    if callable(value) and not isinstance(value, torch.nn.Module):
+    if isinstance(value, torch.nn.Module):
+        return None
+    if isinstance(value, functools.partial):
+        return (_plain(value.func, seen, portable), _plain(value.args, seen, portable),
+                _plain(value.keywords, seen, portable))
+    if callable(value):
         return _code(value, portable)
     if hasattr(value, "to_dict") and id(value) not in seen:  # a transformers config
         seen.add(id(value))
@@ -97,7 +123,12 @@ def _plain(value: object, seen: set[int], portable: bool = False) -> object:
             return repr(sorted((str(k), _stable(v)) for k, v in value.to_dict().items()))
         except Exception:  # noqa: BLE001 - a config that cannot list itself adds nothing
             return None
-    return None
+    if not portable:
+        return None
+    text = repr(value)
+    if re.search(r"0x[0-9a-fA-F]{6,}", text):
+        raise NotPortable(f"{type(value).__qualname__} attribute")
+    return text
 
 
 def _tensors(kind: str, items: list[tuple[str, torch.Tensor]]) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from ..codegen.cache import CacheError, trusted_bytes, trusted_folder
 from ..codegen.durable import replacing
-from .fingerprint import fingerprint
+from .fingerprint import NotPortable, fingerprint
 from .trace import Trace
 
 
@@ -34,14 +34,22 @@ def _reader_version() -> str:
     return digest.hexdigest()
 
 
-def reading_key(module: torch.nn.Module, signature: tuple, loss: str) -> str:
-    """The name of the reading of ``module`` for inputs of ``signature`` with ``loss``."""
-    text = repr((fingerprint(module, portable=True), signature, loss, _reader_version()))
+def reading_key(module: torch.nn.Module, signature: tuple, loss: str) -> str | None:
+    """The name of the reading of ``module`` for inputs of ``signature`` with ``loss``; None
+    where the module holds a value no process-independent text captures (its reading is then
+    not kept)."""
+    try:
+        structure = fingerprint(module, portable=True)
+    except NotPortable:
+        return None
+    text = repr((structure, signature, loss, _reader_version()))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def load_reading(key: str) -> Trace | None:
+def load_reading(key: str | None) -> Trace | None:
     """The reading stored under ``key``, or None (none stored, not the user's, unreadable)."""
+    if key is None:
+        return None
     try:
         data = trusted_bytes(trusted_folder("readings") / f"{key}.pkl")
     except CacheError:
@@ -55,9 +63,11 @@ def load_reading(key: str) -> Trace | None:
     return found if isinstance(found, Trace) else None
 
 
-def store_reading(key: str, trace: Trace) -> None:
-    """Keep ``trace`` under ``key`` (whole or not at all); a cache that cannot be written is
-    passed over (the reading is only slower next time)."""
+def store_reading(key: str | None, trace: Trace) -> None:
+    """Keep ``trace`` under ``key`` (whole or not at all; not without a key); a cache that
+    cannot be written is passed over (the reading is only slower next time)."""
+    if key is None:
+        return
     try:
         with replacing(trusted_folder("readings") / f"{key}.pkl", ".pkl") as temporary:
             temporary.write_bytes(pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL))

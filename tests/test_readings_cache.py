@@ -104,3 +104,32 @@ def test_a_helper_replaced_is_read_again_in_this_process_and_on_disk(traces, mon
     assert len(traces) == before + 1
     fresh = curvgap.curvature(module)  # as in a new process: the disk's reading is the new one
     assert relative(fresh.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+
+
+class Chosen(torch.nn.Module):
+    """An activation chosen by an option held in a dict, and an attribute that is an
+    object of no meaningful text."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(5, 5)
+        self.options = {"activation": name}
+        self.tag = object()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(torch, self.options["activation"])(self.a(x))
+
+
+def test_options_in_a_dict_name_their_own_reading_and_an_opaque_attribute_none(traces):
+    X, T = _data()
+    for name in ("tanh", "sigmoid"):
+        module = randomise(Chosen(name).to(DTYPE))
+        c = curvgap.curvature(module)
+        assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+        assert readings.reading_key(module, next(iter(c._traced)), "mse") is None  # object()
+    module.tag = 3  # plain now: kept on disk, and the option changed in place is read again
+    c = curvgap.curvature(module)
+    c.gradient(X, T)
+    assert readings.reading_key(module, next(iter(c._traced)), "mse") is not None
+    module.options["activation"] = "tanh"
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
