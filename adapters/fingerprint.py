@@ -40,8 +40,9 @@ def _runs(function: object, visited: set[int], owner: type | None = None,
           portable: bool = False) -> str:
     """A digest of what ``function`` runs: its code (the code object's identity, or
     ``portable`` its text), and that of the functions it reads from its globals and its
-    closure and of the methods of ``owner`` it names, and the plain values among them (so
-    a helper replaced or edited counts)."""
+    closure and of the methods of ``owner`` it names, and the plain values among them and
+    among ``owner``'s attributes it names (so a helper or a class constant changed
+    counts)."""
     code = getattr(function, "__code__", None)
     if code is None or id(code) in visited:
         return ""
@@ -56,9 +57,10 @@ def _runs(function: object, visited: set[int], owner: type | None = None,
     for cell in getattr(function, "__closure__", None) or ():
         with contextlib.suppress(ValueError):  # an empty cell
             cells.append(cell.cell_contents)
-    methods = [getattr(owner, n) for n in sorted(names) if owner is not None
-               and n not in scope and hasattr(getattr(owner, n, None), "__code__")]
-    for value in [scope[n] for n in sorted(names) if n in scope] + cells + methods:
+    # what it names on its class: methods it calls on self, class attributes it reads
+    held = [getattr(owner, n) for n in sorted(names) if owner is not None
+            and n not in scope and hasattr(owner, n)]
+    for value in [scope[n] for n in sorted(names) if n in scope] + cells + held:
         if hasattr(value, "__code__"):
             digest.update(_runs(value, visited, owner, portable).encode())
         elif isinstance(value, _PLAIN):

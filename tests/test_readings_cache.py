@@ -133,3 +133,21 @@ def test_options_in_a_dict_name_their_own_reading_and_an_opaque_attribute_none(t
     assert readings.reading_key(module, next(iter(c._traced)), "mse") is not None
     module.options["activation"] = "tanh"
     assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+
+
+class Scaled(Gated):
+    SCALE = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.SCALE * self.a(x)))
+
+
+def test_a_class_constant_changed_is_read_again(traces, monkeypatch):
+    module = randomise(Scaled().to(DTYPE))
+    X, T = _data()
+    c = curvgap.curvature(module)
+    c.gradient(X, T)
+    monkeypatch.setattr(Scaled, "SCALE", 0.5)
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    fresh = curvgap.curvature(module)
+    assert relative(fresh.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
