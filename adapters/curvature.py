@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..codegen.cache import announced, say
 from ..data import is_batches, one_batch, over_batches, takes_batches
@@ -96,13 +97,15 @@ class Curvature:
         self.names = [name for name, _ in self.module.named_parameters()]
 
     # -- reading the module ----------------------------------------------------------------------
-    def _prepared(self, X: Any, T: Any, inputs: dict) -> tuple:
+    def _prepared(self, X: Any, T: Any, inputs: dict, needs_target: bool = True) -> tuple:
         """``X`` and ``T`` checked and laid out batch first, the module read for this kind of
         inputs (traced on first use), and the parameters and constants its runner takes. ``X``
-        is ``None`` when the input is given by keyword (``inputs_embeds=``)."""
+        is ``None`` when the input is given by keyword (``inputs_embeds=``); a dict batch
+        holds a target only where the call ``needs_target``."""
         self._follow()
+        arguments = (X, T, inputs, needs_target)
         if isinstance(X, dict):
-            X, T, inputs = self._unpacked(X, T, inputs)
+            X, T, inputs = self._unpacked(X, T, inputs, needs_target)
         keyword = None
         if X is None and "inputs_embeds" in inputs:
             keyword, inputs = "inputs_embeds", dict(inputs)
@@ -116,6 +119,7 @@ class Curvature:
             raise TypeError(f"X: expected a floating-point tensor (the input the derivatives "
                             f"are taken through) or integer token ids, got dtype {X.dtype}")
         X, T, inputs = checked(self.module, X, T, inputs, self.batch_dim, keyword)
+        given = X
         if X.ndim < 2 or X.shape[self.batch_dim] < 1:
             raise ValueError(f"X: expected a batch of samples along dimension "
                              f"{self.batch_dim}, got shape {tuple(X.shape)}")
@@ -156,9 +160,36 @@ class Curvature:
         batch = traced.trace.readings[-1].batch_dim
         if isinstance(T, torch.Tensor) and batch and T.ndim > batch:
             T = T.movedim(batch, 0)
+        if traced.from_disk:  # checked once against the module itself
+            traced.from_disk = False
+            if not self._agrees(traced, call, given, inputs, X, T, params):
+                self._traced[key] = self._trace(call, *seen, fresh=True)
+                return self._prepared(*arguments)
         return X, T, traced, params
 
-    def _unpacked(self, batch: dict, T: Any, inputs: dict) -> tuple[Any, Any, dict]:
+    def _agrees(self, traced: Traced, call: Call, given: torch.Tensor, inputs: dict,
+                X: torch.Tensor, T: Any, params: dict) -> bool:
+        """Whether a reading loaded from disk computes what the module does on this batch:
+        its output (its loss, for the model's own) within a thousandth of the module's own
+        largest entry (a stale reading differs in its leading digits)."""
+        args, kw = call.arguments(given, inputs)
+        with torch.enable_grad():  # the path the trace read (no inference-only kernels)
+            out = self.module(*args, **kw)
+        theirs = next((leaf for leaf in pytree.tree_leaves(out)
+                       if isinstance(leaf, torch.Tensor)), None)
+        if traced.trace.own is not None:
+            ours = self._mean(traced.runner().loss(params, X, T), T)
+        else:
+            ours = traced.runner().forward(params, X).movedim(
+                0, traced.trace.readings[-1].batch_dim)
+        if theirs is None or ours.shape != theirs.shape:
+            return False
+        theirs = theirs.detach().to(ours.dtype)
+        tolerance = max(1e-3, 10 * torch.finfo(ours.dtype).eps)
+        return bool((ours - theirs).abs().max() <= tolerance * theirs.abs().max().clamp_min(1))
+
+    def _unpacked(self, batch: dict, T: Any, inputs: dict,
+                  needs_target: bool = True) -> tuple[Any, Any, dict]:
         """A batch given as a dict of the forward's keyword inputs, as ``X`` (its first input,
         or ``None`` beside ``inputs_embeds``), the target (its ``labels``; ``None`` with
         ``loss="model"``, whose model reads them itself) and the other keyword inputs."""
@@ -180,6 +211,8 @@ class Curvature:
                              f"{type(self.module).__name__}'s forward (or inputs_embeds), got "
                              f"keys {sorted(batch)}")
         if self.loss_name != "model":
+            if "labels" not in inputs and not needs_target:
+                return X, T, inputs
             if "labels" not in inputs:
                 raise ValueError(f"X: expected the batch to hold its target as 'labels' for "
                                  f"loss={self.loss_name!r} (or loss='model' for the model's "
@@ -200,15 +233,18 @@ class Curvature:
         self._kind = traced.trace.own.kind if traced.trace.own is not None else self.loss_name
         return T
 
-    def _trace(self, call: Call, X: torch.Tensor, inputs: dict) -> Traced:
+    def _trace(self, call: Call, X: torch.Tensor, inputs: dict, fresh: bool = False) -> Traced:
+        """The module read for this kind of inputs: from disk (checked against the module on
+        first use), or traced (``fresh``: always) and kept on disk."""
         start = time.perf_counter()
         key = reading_key(self.module, signature(call, X, inputs), self.loss_name)
-        found, read = load_reading(key), 0.0
+        found = None if fresh else load_reading(key)
+        tracing = 0.0
         if found is None or not fits(found, call, X, inputs):
             with announced(f"reading {type(self.module).__name__}'s forward for these kinds "
                            "of inputs (torch.export; kept on disk)"):
                 found = trace(self.module, call, X, inputs, self.loss_name)
-            read = found.seconds
+            tracing = found.seconds
             store_reading(key, found)
         programs, paths = found.programs, found.paths
         prefixes = ([""] if len(programs) == 1 else
@@ -217,8 +253,9 @@ class Curvature:
             raise ValueError(f"module: expected parameters that require a gradient (the "
                              f"variables curvgap differentiates by, as autograd does), but "
                              f"{type(self.module).__name__}'s output reads none that does; "
-                             f"thaw some with requires_grad_(True)")
-        traced = Traced(found, {}, prefixes, self.fused)
+                             f"thaw some with requires_grad_(True) (a module with none is "
+                             f"not read, even for derivatives in X)")
+        traced = Traced(found, {}, prefixes, self.fused, from_disk=tracing == 0.0)
         traced.runner("products")
         # each runner parameter by the module's own name of it (a tied weight has one)
         canonical = {id(p): n for n, p in self.module.named_parameters()}
@@ -227,7 +264,7 @@ class Curvature:
             for name, source in reading.params.items():
                 source = f"{path}.{source}" if path else source
                 names[f"{prefix}{name}"] = canonical[id(self.module.get_parameter(source))]
-        generating = time.perf_counter() - start - read
+        generating = time.perf_counter() - start - tracing
         if generating > 1:  # a new architecture (a cached one only loads)
             parts = f" ({len(set(programs))} distinct of {len(programs)} parts)" \
                 if len(programs) > 1 else ""
@@ -270,6 +307,19 @@ class Curvature:
         named = {id(p): n for n, p in self.module.named_parameters()}
         aliases = {alias: named[id(p)] for alias, p in
                    self.module.named_parameters(remove_duplicate=False)}
+
+        given = [wrt] if isinstance(wrt, torch.Tensor | str) else wrt
+        if isinstance(given, list | tuple):  # two names of one tied weight: said so
+            seen: dict[str, Any] = {}
+            for item in given:
+                canonical = (named.get(id(item)) if isinstance(item, torch.Tensor)
+                             else aliases.get(item))
+                if canonical is not None and canonical in seen and seen[canonical] is not item \
+                        and not (isinstance(item, str) and seen[canonical] == item):
+                    raise ValueError(f"wrt: expected each parameter once, got {seen[canonical]!r}"
+                                     f" and {item!r}, which are one tied weight")
+                if canonical is not None:
+                    seen[canonical] = item
 
         def name(item: Any) -> Any:
             if isinstance(item, torch.Tensor):
@@ -328,7 +378,7 @@ class Curvature:
     # -- the contract ---------------------------------------------------------------------------
     def forward(self, X: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The module's (first) output, computed by the generated code."""
-        X, _, traced, params = self._prepared(X, None, inputs)
+        X, _, traced, params = self._prepared(X, None, inputs, needs_target=False)
         out = traced.runner().forward(params, X)
         return out.movedim(0, traced.trace.readings[-1].batch_dim)
 
@@ -354,9 +404,9 @@ class Curvature:
         return self._mean(assembled(out, [values], pieces, "gradient", "the gradient", X), T)
 
     def jacobian(self, X: torch.Tensor, wrt: Any, **inputs: Any) -> torch.Tensor:
-        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns in the module's
-        layout of ``wrt`` (a parameter name, or ``"X"``)."""
-        X, _, traced, params = self._prepared(X, None, inputs)
+        """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns over ``wrt``
+        (parameters, each in its own layout, in the order given; or ``"X"``)."""
+        X, _, traced, params = self._prepared(X, None, inputs, needs_target=False)
         if isinstance(wrt, str) and wrt == "X":
             return traced.runner("blocks").jacobian(params, X, "X")
         pieces, used, n = self._selection(traced, wrt)
@@ -498,18 +548,13 @@ class Curvature:
             raise ValueError(f"wrt_i, wrt_j: expected a block that is exactly a sum of "
                              f"Kronecker products in this module ({', '.join(blocks) or 'none'}"
                              f"), got ({wrt_i}, {wrt_j or wrt_i}, {part!r})")
-        block = kronecker_block(module, params, X, T, first, second, part)
-        scale = ignored_scale(T, self._kind)
-        if scale is not None:  # each product's first factor that is not an identity
-            block.products = [(A * scale, B) if A is not None else (A, B * scale)
-                              for A, B in block.products]
-        return block
+        return kronecker_block(module, params, X, T, first, second, part)
 
     @takes_batches
     def hessian_operator(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                          part: str = "full", **inputs: Any) -> CurvatureOperator:
-        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the module's
-        order (:class:`~curvgap.operators.CurvatureOperator`), for scipy's and curvlinops'
+        """The loss Hessian over ``wrt`` (its ``part``) as a linear operator in the order of
+        ``wrt`` (:class:`~curvgap.operators.CurvatureOperator`), for scipy's and curvlinops'
         solvers and estimators. On one batch the weights are read now (a snapshot: later
         changes to the module do not reach it); over a dataset's batches every product is a
         pass over them (collective under ``torch.distributed``, see :mod:`curvgap.data`)."""
@@ -525,6 +570,7 @@ class Curvature:
         pieces = pieces_of(self.module, traced, names)
         used = used_of(traced, pieces)
         traced.runner().loss(params, X_, T_)  # checks X and T now, not at the first product
+        ignored_scale(T_, self._kind)  # and that some target counts
 
         def product(kind: str):
             kept: dict = {}  # this point's forward values and adjoints, after one product
@@ -547,7 +593,7 @@ class Curvature:
         first block, or the first part)."""
         from ..codegen.backends.latex import document
 
-        _, _, traced, _ = self._prepared(X, None, inputs)
+        _, _, traced, _ = self._prepared(X, None, inputs, needs_target=False)
         paths = traced.trace.paths
         if part is None:
             part = next((p for p in paths if p), paths[0])
@@ -559,8 +605,9 @@ class Curvature:
         return document(dataclasses.replace(program, name=name, scope="blocks"))
 
     def layer_slices(self, wrt: Any = None) -> dict[str, slice]:
-        """Where each of the module's parameters (``wrt``, default all) lies in the rows of
-        ``loss_hessian`` and ``gradient``: name → slice."""
+        """Where each of the module's parameters (``wrt``, default those that require a
+        gradient, in the order given) lies in the rows of ``loss_hessian`` and ``gradient``:
+        name → slice."""
         slices, offset = {}, 0
         for name in self._wrt(wrt):
             size = self.module.get_parameter(name).numel()

@@ -24,7 +24,7 @@ _PLAIN = (bool, int, float, str, type(None))
 
 def _code(value: object, portable: bool, owner: type | None = None) -> str:
     """A function (a forward, a hook) as its code: its name and the code object's identity,
-    or ``portable``, what it runs (equal in every process, :func:`_runs`; ``owner``: the
+    or ``portable``, what it runs (equal in every process, :func:`_what_runs`; ``owner``: the
     class whose methods it may call on ``self``)."""
     name = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
     if getattr(value, "__code__", None) is None:  # a builtin (torch.tanh): its name
@@ -33,16 +33,16 @@ def _code(value: object, portable: bool, owner: type | None = None) -> str:
                 raise NotPortable(f"{type(value).__qualname__} callable")
             return name
         return f"{name}@{id(value)}"
-    return f"{name}@{_runs(value, set(), owner, portable)}"
+    return f"{name}@{_what_runs(value, set(), owner, portable)}"
 
 
-def _runs(function: object, visited: set[int], owner: type | None = None,
+def _what_runs(function: object, visited: set[int], owner: type | None = None,
           portable: bool = False) -> str:
     """A digest of what ``function`` runs: its code (the code object's identity, or
-    ``portable`` its text), and that of the functions it reads from its globals and its
-    closure and of the methods of ``owner`` it names, and the plain values among them and
-    among ``owner``'s attributes it names (so a helper or a class constant changed
-    counts)."""
+    ``portable`` its text), and that of the functions it reads from its globals, its closure,
+    the user's modules it names and its defaults, of the methods and properties of ``owner``
+    it names, and the plain values among all those (so a helper, a default or a class
+    constant changed counts)."""
     code = getattr(function, "__code__", None)
     if code is None or id(code) in visited:
         return ""
@@ -60,11 +60,19 @@ def _runs(function: object, visited: set[int], owner: type | None = None,
     # what it names on its class: methods it calls on self, class attributes it reads
     held = [getattr(owner, n) for n in sorted(names) if owner is not None
             and n not in scope and hasattr(owner, n)]
-    for value in [scope[n] for n in sorted(names) if n in scope] + cells + held:
+    # what it names in a module of the user's it reads (helpers.squash(x))
+    for n in sorted(names & set(scope)):
+        if isinstance(scope[n], types.ModuleType) and not scope[n].__name__.startswith(
+                ("torch", "numpy", "math", "transformers", "timm")):
+            held += [getattr(scope[n], m) for m in sorted(names) if hasattr(scope[n], m)]
+    defaults = [*(getattr(function, "__defaults__", None) or ()),
+                *(getattr(function, "__kwdefaults__", None) or {}).values()]
+    for value in [scope[n] for n in sorted(names) if n in scope] + cells + held + defaults:
+        value = getattr(value, "fget", None) or getattr(value, "__wrapped__", None) or value
         if hasattr(value, "__code__"):
-            digest.update(_runs(value, visited, owner, portable).encode())
-        elif isinstance(value, _PLAIN):
-            digest.update(repr(value).encode())
+            digest.update(_what_runs(value, visited, owner, portable).encode())
+        elif isinstance(value, (*_PLAIN, tuple, frozenset)):
+            digest.update(_stable(value).encode())
     return digest.hexdigest()
 
 

@@ -41,8 +41,9 @@ def direction(v: Any, like: torch.Tensor) -> torch.Tensor:
     """``v`` (a tensor or numpy array of any floating dtype), checked finite, as a tensor of
     ``like``'s dtype and device (the module's: the result has its dtype)."""
     if isinstance(v, np.ndarray):
-        if v.dtype.kind != "f":
-            raise TypeError(f"v: expected floating-point values, got dtype {v.dtype}")
+        if v.dtype.kind != "f" or v.dtype.itemsize > 8:
+            raise TypeError(f"v: expected floating-point values (float16, float32 or "
+                            f"float64), got dtype {v.dtype}")
         v = torch.from_numpy(np.require(v, v.dtype.newbyteorder("="), ["W"]))
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"v: expected a torch.Tensor or a numpy array, got "

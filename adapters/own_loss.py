@@ -8,6 +8,7 @@ loss is that loss, and at each call the target is made by the module's code like
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import sympy as sp
@@ -21,7 +22,8 @@ aten = torch.ops.aten
 _SHAPE_ONLY = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
                aten.contiguous.default, aten.alias.default, aten.clone.default,
                aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default,
-               aten.flatten.using_ints}
+               aten.flatten.using_ints, aten.squeeze.default, aten.squeeze.dim,
+               aten.squeeze.dims}
 
 #: the losses read, with the arguments each may have as torch's defaults only
 _LOSSES = {
@@ -65,6 +67,7 @@ def own_loss(node: torch.fx.Node, model: str) -> tuple[torch.fx.Node, OwnLoss]:
             f"labels=...), got the result of {getattr(node.target, '__name__', node.target)}")
     kind, names, defaults = _LOSSES[node.target]
     logits, target, *given = node.args
+    logits, target = _unbroadcast(logits), _unbroadcast(target)  # F.mse_loss broadcasts
     options = dict(zip(names, given)) | {k: v for k, v in node.kwargs.items() if k in names}
     for name, default in zip(names, defaults):
         value = options.get(name, default)
@@ -96,6 +99,17 @@ def own_loss(node: torch.fx.Node, model: str) -> tuple[torch.fx.Node, OwnLoss]:
                     for s in chosen.meta["val"].shape)
     return chosen, OwnLoss(kind, target.name, leading[:-1] if kind == "cross_entropy"
                            else leading)
+
+
+def _unbroadcast(node: object) -> object:
+    """``node``, or where it is an operand of ``broadcast_tensors`` of its own shape (as
+    ``F.mse_loss`` passes its operands), that operand itself."""
+    if isinstance(node, torch.fx.Node) and node.target is operator.getitem and \
+            getattr(node.args[0], "target", None) is aten.broadcast_tensors.default:
+        operand = node.args[0].args[0][node.args[1]]
+        if tuple(operand.meta["val"].shape) == tuple(node.meta["val"].shape):
+            return operand
+    return node
 
 
 def _size(shape: tuple) -> sp.Expr:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import pickle
+import sys
 from pathlib import Path
 
+import sympy
 import torch
 
 from ..codegen.cache import CacheError, trusted_bytes, trusted_folder
@@ -24,9 +26,12 @@ from .trace import Trace
 
 @functools.cache
 def _reader_version() -> str:
-    """A digest of the source of what reads a module (every file of :mod:`curvgap.adapters`
-    and :mod:`curvgap.derivations`): a reading made by other code is not reused."""
-    digest = hashlib.sha256(torch.__version__.encode())
+    """A digest of the versions of Python, torch, SymPy and transformers and of the source of
+    what reads a module (every file of :mod:`curvgap.adapters` and
+    :mod:`curvgap.derivations`): a reading made by other code is not reused."""
+    digest = hashlib.sha256(f"{sys.version}{torch.__version__}{sympy.__version__}".encode())
+    transformers = sys.modules.get("transformers")  # library code a forward may reach
+    digest.update(str(getattr(transformers, "__version__", "")).encode())
     for package in (Path(__file__).parent, Path(__file__).parents[1] / "derivations"):
         for path in sorted(package.rglob("*.py")):
             digest.update(path.relative_to(package).as_posix().encode())
@@ -71,5 +76,5 @@ def store_reading(key: str | None, trace: Trace) -> None:
     try:
         with replacing(trusted_folder("readings") / f"{key}.pkl", ".pkl") as temporary:
             temporary.write_bytes(pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL))
-    except (CacheError, OSError, pickle.PicklingError, TypeError, AttributeError):
+    except Exception:  # noqa: BLE001 - any failure to keep it: only slower next time
         return

@@ -23,6 +23,8 @@ class Traced:
     names: dict[str, str]
     prefixes: list[str]
     fused: bool = False
+    #: read from disk and not yet checked against the module (:mod:`.readings`)
+    from_disk: bool = False
     runners: dict[str, ModuleType | Chain] = field(default_factory=dict)
 
     @property

@@ -143,6 +143,13 @@ def _sum(batches: Iterable, compute: Callable[[Array, Array, dict], Array], what
     return total, count
 
 
+def _nothing(what: str, where: str = "") -> ValueError:
+    """The error of a dataset whose batches add no term to the mean."""
+    return ValueError(f"X: expected batches with at least one sample in all{where} (and a "
+                      f"target that is not -100, for a loss over targets), got none ({what} "
+                      f"over an empty dataset, or one whose every target is ignored)")
+
+
 def mean(batches: Iterable, compute: Callable[[Array, Array, dict], Array], what: str,
          arguments: Any = (), batch_dim: int = 0, count_of: Count | None = None) -> Array:
     """``Σ_i n_i compute(X_i, T_i, inputs_i) / Σ_i n_i`` over ``batches`` (keyword inputs
@@ -155,8 +162,7 @@ def mean(batches: Iterable, compute: Callable[[Array, Array, dict], Array], what
     if here is None:
         total, count = _sum(batches, compute, what, batch_dim, count_of)
         if count == 0:
-            raise ValueError(f"X: expected batches with at least one sample in all, got none "
-                             f"({what} over an empty dataset)")
+            raise _nothing(what)
         return total / count
     total, count, failure = None, 0, None
     try:
@@ -188,8 +194,7 @@ def _reduced(total: Array | None, everyone: list[Contribution], what: str) -> Ar
                          f"{', '.join(map(str, differing))} than on rank 0")
     layouts = {c.layout for c in everyone if c.layout is not None}
     if not layouts:
-        raise ValueError(f"X: expected batches with at least one sample over the {size} "
-                         f"ranks, got none ({what} over an empty dataset)")
+        raise _nothing(what, f" over the {size} ranks")
     if len(layouts) > 1:
         raise ValueError(f"{what}: expected results of one shape and dtype on every rank, got "
                          f"{sorted(layouts)}")
@@ -252,7 +257,9 @@ def _one_batch(signature: inspect.Signature, args: tuple, kwargs: dict
     X = args[at] if len(args) > at else kwargs.get("X")
     if not isinstance(X, dict) or target in (None, "wrt") or len(args) <= at:
         return args, kwargs
-    if target in kwargs:
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if target in kwargs or len(args) + 1 > len(positional):
         raise TypeError(f"{target}: expected none with a batch dict (it holds its target, or "
                         f"the model makes it), got one")
     return (*args[:at + 1], None, *args[at + 1:]), kwargs

@@ -158,3 +158,40 @@ def test_a_batch_dict_without_its_input_or_target_is_refused_by_name():
             {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
     with pytest.raises(TypeError, match="attention_mask: expected it once"):
         curvgap.curvature(model, "model").loss(batch, attention_mask=batch["attention_mask"])
+    with pytest.raises(TypeError, match="T: expected none with a batch dict"):
+        curvgap.curvature(model, "model").loss(batch, batch["labels"])
+    # a call without a target takes a batch without one
+    plain = curvgap.curvature(model, "cross_entropy")
+    logits = plain.forward({"input_ids": batch["input_ids"],
+                            "attention_mask": batch["attention_mask"]})
+    assert logits.shape == (*batch["input_ids"].shape, 40)
+
+
+def test_a_models_own_mean_squared_error():
+    class Regressor(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple:
+            out = self.a(torch.tanh(x))
+            return torch.nn.functional.mse_loss(out, labels), out
+
+    module = randomise(Regressor().to(DTYPE))
+    generator = torch.Generator().manual_seed(6)
+    X = torch.randn(2, 5, 4, generator=generator, dtype=DTYPE)
+    labels = torch.randn(2, 5, 3, generator=generator, dtype=DTYPE)
+    c = curvgap.curvature(module, "model")
+    loss = module(X, labels)[0]
+    expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, module.parameters())])
+    assert relative(c.loss(X, None, labels=labels), loss.detach()) <= 1e-10
+    assert relative(c.gradient(X, None, labels=labels), expected) <= 1e-10
+    config = transformers.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                                     num_hidden_layers=1, vocab_size=30,
+                                     max_position_embeddings=16, num_labels=1)
+    bert = randomise(transformers.BertForSequenceClassification(config).to(DTYPE).eval())
+    ids = torch.tensor([[5, 9, 23, 4], [9, 7, 13, 7]])
+    target = torch.tensor([0.5, -1.0], dtype=DTYPE)
+    own = curvgap.curvature(bert, "model")
+    assert relative(own.loss(ids, None, labels=target), bert(ids, labels=target).loss.detach()
+                    ) <= 1e-10

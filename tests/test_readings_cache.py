@@ -151,3 +151,20 @@ def test_a_class_constant_changed_is_read_again(traces, monkeypatch):
     assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
     fresh = curvgap.curvature(module)
     assert relative(fresh.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+
+
+def test_a_stale_reading_on_disk_is_caught_by_its_first_check(traces, monkeypatch):
+    """Were two modules ever to share a name on disk (a value no fingerprint sees), the
+    reading loaded is checked once against the module's own output and read again."""
+    X, T = _data()
+    first = randomise(Gated().to(DTYPE))
+    curvgap.curvature(first).gradient(X, T)
+    other = randomise(Other().to(DTYPE))
+    monkeypatch.setattr(readings, "reading_key",  # every module: the same name
+                        lambda module, signature, loss: "0" * 32)
+    monkeypatch.setattr(curvature_module, "reading_key", readings.reading_key)
+    curvgap.curvature(first).gradient(X, T)  # stored under the shared name
+    before = len(traces)
+    c = curvgap.curvature(other)
+    assert relative(c.gradient(X, T), Reference(other, X, T).gradient()) <= 1e-10
+    assert len(traces) == before + 1  # the stale reading refused, the module read

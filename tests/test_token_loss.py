@@ -103,6 +103,10 @@ def test_a_batch_whose_targets_are_all_ignored_is_refused_alone_and_skipped_in_a
         c.loss(ids, torch.full_like(T, -100))
     alone = c.gradient(ids, T)
     assert torch.equal(c.gradient([(ids, T), (ids, torch.full_like(T, -100))]), alone)
+    with pytest.raises(ValueError, match="got none .*one whose every target is ignored"):
+        c.gradient([(ids, torch.full_like(T, -100))])
+    with pytest.raises(ValueError, match="T: expected a target that is not -100"):
+        c.hessian_operator(ids, torch.full_like(T, -100))
 
 
 def test_a_target_outside_the_classes_is_refused_by_name():

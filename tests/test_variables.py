@@ -91,8 +91,11 @@ def test_a_tied_weight_is_named_by_any_of_its_names():
     ref = Reference(module, X, T, wrt=["a.weight"]).gradient()
     assert relative(c.gradient(X, T, wrt=["b.weight"]), ref) <= 1e-10
     assert relative(c.gradient(X, T, wrt=[module.b.weight]), ref) <= 1e-10
-    with pytest.raises(ValueError, match="wrt: expected distinct names"):
+    with pytest.raises(ValueError, match="wrt: expected each parameter once, got 'a.weight' "
+                                         "and 'b.weight', which are one tied weight"):
         c.gradient(X, T, wrt=["a.weight", "b.weight"])
+    with pytest.raises(ValueError, match="wrt: expected distinct names"):
+        c.gradient(X, T, wrt=[module.a.weight, module.a.weight])
 
 
 def test_v_of_any_floating_dtype_torch_or_numpy():
@@ -126,8 +129,11 @@ def test_v_that_is_not_floating_or_does_not_fit_is_refused():
     module, X, T = _case()
     c = curvgap.curvature(module)
     n = c.gradient(X, T).numel()
-    with pytest.raises(TypeError, match="v: expected floating-point values, got dtype int64"):
+    with pytest.raises(TypeError, match=r"v: expected floating-point values \(float16, "
+                                        r"float32 or float64\), got dtype int64"):
         c.hvp(X, T, np.ones(n, dtype=np.int64))
+    with pytest.raises(TypeError, match="got dtype float128"):
+        c.hvp(X, T, np.ones(n, dtype=np.longdouble))
     with pytest.raises(TypeError, match="v: expected a torch.Tensor or a numpy array, got list"):
         c.hvp(X, T, [1.0] * n)
     half = curvgap.curvature(_case()[0].to(torch.float16))
