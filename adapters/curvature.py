@@ -20,7 +20,6 @@ every rank's shard under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import time
 from typing import Any
@@ -41,11 +40,13 @@ from .fingerprint import fingerprint
 from .inputs import (
     IGNORE_INDEX,
     batch_first,
+    by_name,
     check_indices,
     checked,
     direction,
     ignored_scale,
     part_dims,
+    unpacked,
     without_cache,
 )
 from .narrowing import OwnForward, narrowing
@@ -105,7 +106,7 @@ class Curvature:
         self._follow()
         arguments = (X, T, inputs, needs_target)
         if isinstance(X, dict):
-            X, T, inputs = self._unpacked(X, T, inputs, needs_target)
+            X, T, inputs = unpacked(self.module, X, T, inputs, self.loss_name, needs_target)
         keyword = None
         if X is None and "inputs_embeds" in inputs:
             keyword, inputs = "inputs_embeds", dict(inputs)
@@ -188,38 +189,6 @@ class Curvature:
         tolerance = max(1e-3, 10 * torch.finfo(ours.dtype).eps)
         return bool((ours - theirs).abs().max() <= tolerance * theirs.abs().max().clamp_min(1))
 
-    def _unpacked(self, batch: dict, T: Any, inputs: dict,
-                  needs_target: bool = True) -> tuple[Any, Any, dict]:
-        """A batch given as a dict of the forward's keyword inputs, as ``X`` (its first input,
-        or ``None`` beside ``inputs_embeds``), the target (its ``labels``; ``None`` with
-        ``loss="model"``, whose model reads them itself) and the other keyword inputs."""
-        twice = sorted(set(batch) & set(inputs))
-        if twice:
-            raise TypeError(f"{twice[0]}: expected it once, got it in the batch and in the call")
-        inputs = {**batch, **inputs}
-        try:
-            first = next(iter(inspect.signature(self.module.forward).parameters))
-        except (StopIteration, TypeError, ValueError):
-            first = None
-        if "inputs_embeds" in inputs and inputs.get(first) is None:
-            X = None
-            inputs.pop(first, None)
-        elif first in inputs:
-            X = inputs.pop(first)
-        else:
-            raise ValueError(f"X: expected the batch to hold {first!r}, the first input of "
-                             f"{type(self.module).__name__}'s forward (or inputs_embeds), got "
-                             f"keys {sorted(batch)}")
-        if self.loss_name != "model":
-            if "labels" not in inputs and not needs_target:
-                return X, T, inputs
-            if "labels" not in inputs:
-                raise ValueError(f"X: expected the batch to hold its target as 'labels' for "
-                                 f"loss={self.loss_name!r} (or loss='model' for the model's "
-                                 f"own), got keys {sorted(batch)}")
-            T = inputs.pop("labels")
-        return X, T, inputs
-
     def _target_of(self, T: Any, own: torch.Tensor | None, traced: Traced) -> Any:
         """The target of this call: ``T`` as given, or the one the model made for its own
         loss (``loss="model"``); kept, with the loss it is read by, for :meth:`_terms`."""
@@ -287,7 +256,7 @@ class Curvature:
                                  f"frozen); name them: wrt=[...]")
         else:
             # checked as a generated module checks it
-            names = checks("torch")._check_wrt(self._by_name(wrt), self.names)
+            names = checks("torch")._check_wrt(by_name(self.module, wrt), self.names)
             frozen = [n for n in names if n != "X" and
                       not self.module.get_parameter(n).requires_grad]
             if frozen:
@@ -300,39 +269,6 @@ class Curvature:
                              "gnvp), got 'X'" if names else
                              f"wrt: {type(self.module).__name__} has no parameters")
         return names
-
-    def _by_name(self, wrt: Any) -> Any:
-        """``wrt`` with each ``Parameter`` (or the alias of a tied weight) as the module's
-        name of it."""
-        named = {id(p): n for n, p in self.module.named_parameters()}
-        aliases = {alias: named[id(p)] for alias, p in
-                   self.module.named_parameters(remove_duplicate=False)}
-
-        given = [wrt] if isinstance(wrt, torch.Tensor | str) else wrt
-        if isinstance(given, list | tuple):  # two names of one tied weight: said so
-            seen: dict[str, Any] = {}
-            for item in given:
-                canonical = (named.get(id(item)) if isinstance(item, torch.Tensor)
-                             else aliases.get(item))
-                if canonical is not None and canonical in seen and seen[canonical] is not item \
-                        and not (isinstance(item, str) and seen[canonical] == item):
-                    raise ValueError(f"wrt: expected each parameter once, got {seen[canonical]!r}"
-                                     f" and {item!r}, which are one tied weight")
-                if canonical is not None:
-                    seen[canonical] = item
-
-        def name(item: Any) -> Any:
-            if isinstance(item, torch.Tensor):
-                if id(item) not in named:
-                    raise ValueError(f"wrt: expected the module's parameters or their names, "
-                                     f"got a tensor of shape {tuple(item.shape)} that is not a "
-                                     f"parameter of {type(self.module).__name__}")
-                return named[id(item)]
-            return aliases.get(item, item) if isinstance(item, str) and item != "X" else item
-
-        if isinstance(wrt, torch.Tensor | str):
-            return name(wrt)
-        return [name(item) for item in wrt] if isinstance(wrt, list | tuple) else wrt
 
     def _room(self, X: Any, wrt: Any) -> None:
         """MemoryError before any work where the loss Hessian over ``wrt`` cannot fit."""

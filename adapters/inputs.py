@@ -1,7 +1,7 @@
 """The inputs of a call on a real module, checked before any work: ``X`` and the keyword
 inputs (no meta tensors, token ids of shape ``(B, L)``, masks of ``X``'s batch and length,
-indices inside their tables), a direction ``v``, and the sizes of each part for this
-``X``."""
+indices inside their tables; a batch given as a dict), ``wrt`` (names or parameters), a
+direction ``v``, a target's ignored entries, and the sizes of each part for this ``X``."""
 
 from __future__ import annotations
 
@@ -191,3 +191,70 @@ def part_dims(traced: Trace, X: torch.Tensor) -> list[dict[str, int]]:
             dims[name] = int(symbol.xreplace(values))
         out.append(dims)
     return out
+
+
+def by_name(module: torch.nn.Module, wrt: Any) -> Any:
+    """``wrt`` with each ``Parameter`` (or the alias of a tied weight) as the module's name of
+    it; ValueError for a tensor that is not one of the module's, or two names of one tied
+    weight."""
+    named = {id(p): n for n, p in module.named_parameters()}
+    aliases = {alias: named[id(p)] for alias, p in module.named_parameters(remove_duplicate=False)}
+    given = [wrt] if isinstance(wrt, torch.Tensor | str) else wrt
+    if isinstance(given, list | tuple):  # two names of one tied weight: said so
+        seen: dict[str, Any] = {}
+        for item in given:
+            canonical = (named.get(id(item)) if isinstance(item, torch.Tensor)
+                         else aliases.get(item))
+            if canonical is not None and canonical in seen and seen[canonical] is not item \
+                    and not (isinstance(item, str) and seen[canonical] == item):
+                raise ValueError(f"wrt: expected each parameter once, got {seen[canonical]!r} "
+                                 f"and {item!r}, which are one tied weight")
+            if canonical is not None:
+                seen[canonical] = item
+
+    def name(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            if id(item) not in named:
+                raise ValueError(f"wrt: expected the module's parameters or their names, got a "
+                                 f"tensor of shape {tuple(item.shape)} that is not a parameter "
+                                 f"of {type(module).__name__}")
+            return named[id(item)]
+        return aliases.get(item, item) if isinstance(item, str) and item != "X" else item
+
+    if isinstance(wrt, torch.Tensor | str):
+        return name(wrt)
+    return [name(item) for item in wrt] if isinstance(wrt, list | tuple) else wrt
+
+
+def unpacked(module: torch.nn.Module, batch: dict, T: Any, inputs: dict, loss: str,
+             needs_target: bool = True) -> tuple[Any, Any, dict]:
+    """A batch given as a dict of the forward's keyword inputs, as ``X`` (its first input, or
+    ``None`` beside ``inputs_embeds``), the target (its ``labels``; ``None`` with
+    ``loss="model"``, whose model reads them itself; not needed where the call does not
+    ``needs_target``) and the other keyword inputs."""
+    twice = sorted(set(batch) & set(inputs))
+    if twice:
+        raise TypeError(f"{twice[0]}: expected it once, got it in the batch and in the call")
+    inputs = {**batch, **inputs}
+    try:
+        first = next(iter(inspect.signature(module.forward).parameters))
+    except (StopIteration, TypeError, ValueError):
+        first = None
+    if "inputs_embeds" in inputs and inputs.get(first) is None:
+        X = None
+        inputs.pop(first, None)
+    elif first in inputs:
+        X = inputs.pop(first)
+    else:
+        raise ValueError(f"X: expected the batch to hold {first!r}, the first input of "
+                         f"{type(module).__name__}'s forward (or inputs_embeds), got keys "
+                         f"{sorted(batch)}")
+    if loss != "model":
+        if "labels" not in inputs and not needs_target:
+            return X, T, inputs
+        if "labels" not in inputs:
+            raise ValueError(f"X: expected the batch to hold its target as 'labels' for "
+                             f"loss={loss!r} (or loss='model' for the model's own), got keys "
+                             f"{sorted(batch)}")
+        T = inputs.pop("labels")
+    return X, T, inputs
