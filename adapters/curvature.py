@@ -293,7 +293,8 @@ class Curvature:
         """The terms the loss of the batch just computed is the mean over (a dataset's
         batches weigh by them): its targets counted for a cross-entropy (``-100`` ignored),
         the output's entries otherwise."""
-        T = torch.as_tensor(self._target)
+        T = self._target  # a tensor: counted where it is (no factory under a device context)
+        T = T if isinstance(T, torch.Tensor) else torch.as_tensor(T)
         return int((T != IGNORE_INDEX).sum()) if self._kind == "cross_entropy" else T.numel()
 
     def _mean(self, value: torch.Tensor, T: Any, per_sample: bool = False) -> torch.Tensor:
