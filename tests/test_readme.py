@@ -27,9 +27,10 @@ def test_the_pages_have_examples_to_run():
     assert any(kind == "bash" for _, kind, _ in EXAMPLES)
 
 
-#: Examples that derive a config from scratch, or a layer's Hessian blocks for an operator or
-#: a dataset, run with ``-m slow`` (CI); the README's quick start runs in the quick run too.
-SLOW = ("curvgap generate --config", "eigsh", "DataLoader")
+#: Examples that derive a config from scratch, a layer's Hessian blocks for an operator or a
+#: dataset, or a language model's own loss, run with ``-m slow`` (CI); the README's quick
+#: start runs in the quick run too.
+SLOW = ("curvgap generate --config", "eigsh", "DataLoader", 'loss="model"')
 
 
 @pytest.mark.parametrize("kind, code", [
