@@ -270,6 +270,19 @@ class Curvature:
                              f"wrt: {type(self.module).__name__} has no parameters")
         return names
 
+    def _to_input(self, traced: Traced, wrt: Any) -> bool:
+        """Whether ``wrt`` is ``"X"`` (per-sample derivatives in the input); refused where
+        the input is token ids."""
+        if not (isinstance(wrt, str) and wrt == "X"):
+            return False
+        if traced.trace.readings[0].vocabulary is not None:
+            raise ValueError(f"wrt: expected names of {type(self.module).__name__}'s "
+                             f"parameters, got 'X': its input is token ids, data and not a "
+                             f"variable (autograd takes no derivative in integer ids either); "
+                             f"pass the embedded rows instead (inputs_embeds=... for a Hugging "
+                             f"Face model) for derivatives in the input")
+        return True
+
     def _room(self, X: Any, wrt: Any) -> None:
         """MemoryError before any work where the loss Hessian over ``wrt`` cannot fit."""
         like = next(self.module.parameters(), None)
@@ -331,7 +344,7 @@ class Curvature:
         """The loss's gradient over ``wrt`` (default: every parameter that requires a
         gradient), ``(n,)`` in the order of ``wrt``; ``wrt="X"``: per sample, ``(B, n_X)``."""
         X, T, traced, params = self._prepared(X, T, inputs)
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(traced, wrt):
             return self._mean(traced.runner().gradient(params, X, T, wrt="X"), T, True)
         pieces, used, n = self._selection(traced, wrt)
         if not used:
@@ -344,7 +357,7 @@ class Curvature:
         """``∂vec(output)/∂vec(wrt)`` per sample, ``(B, n_out, n_wrt)``, columns over ``wrt``
         (parameters, each in its own layout, in the order given; or ``"X"``)."""
         X, _, traced, params = self._prepared(X, None, inputs, needs_target=False)
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(traced, wrt):
             return traced.runner("blocks").jacobian(params, X, "X")
         pieces, used, n = self._selection(traced, wrt)
         blocks = [traced.runner("blocks").jacobian(params, X, name) for name in used]
@@ -362,7 +375,7 @@ class Curvature:
         sample ``(B, n_X, n_X)``."""
         self._room(X, wrt)
         X, T, traced, params = self._prepared(X, T, inputs)
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(traced, wrt):
             return self._mean(traced.runner("blocks").loss_hessian(params, X, T, wrt="X",
                                                                    part=part), T, True)
         pieces, used, n = self._selection(traced, wrt)
@@ -398,7 +411,7 @@ class Curvature:
     def _product(self, kind: str, X: Any, T: Any, v: Any, wrt: Any, inputs: dict) -> Any:
         X, T, traced, params = self._prepared(X, T, inputs)
         product = getattr(traced.runner(), kind)
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(traced, wrt):
             return self._mean(product(params, X, T, direction(v, X), wrt="X"), T, True)
         v = direction(v, next(self.module.parameters()))
         pieces, used, n = self._selection(traced, wrt)
@@ -439,7 +452,7 @@ class Curvature:
             runner = traced.runner("blocks", chained=True)
         bounds = {} if not isinstance(runner, Chain) else {"max_memory": max_memory,
                                                            "chunk": chunk}
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(traced, wrt):
             value = self._mean(runner.diagonal(params, X, T, wrt="X", part=part, **bounds), T,
                                True)
         else:

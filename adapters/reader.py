@@ -217,7 +217,7 @@ class Reader(Builder):
         guards = tuple((tensor[t], tensor[s_], message) for t, s_, message in self.guards)
         program = Program(name="", title=self.title, sizes=sizes, X=X, params=params,
                           constants=constants, ops=tuple(ops), output=out, loss=self.loss,
-                          guards=guards)
+                          guards=guards, tokens=self.vocabulary is not None)
         recipes = []
         for constant in self.constants.values():
             if constant.name not in read:

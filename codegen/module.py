@@ -106,7 +106,8 @@ def constant_dims(source: Config | Program) -> dict[str, int]:
 def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
     """Everything a module template needs: the printed functions and the contract's tables
     (which output node holds each Jacobian, Hessian block and HVP)."""
-    printer = backend.printer()
+    tokens = isinstance(der.config, Program) and der.config.tokens
+    printer = backend.printer({"one_hot_input": tokens})
     functions = lower(der)
     for function in functions:
         function.lines = [printer.statement(s) for s in function.statements]
@@ -155,7 +156,8 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         hvp=der.nodes("hvp"),
         directions=der.nodes("hvp", key="direction"),
         jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
-        joint_gradient=der.nodes("joint_gradient")["X"],
+        joint_gradient=der.nodes("joint_gradient").get("X", ""),
+        input_varies=der.input_varies,
         joint_directions=der.nodes("hvp_joint", key="direction"),
         diagonal=der.nodes("diagonal", ("gauss_newton", "functional")),
         diagonal_rows=der.nodes("diagonal_rows", ("gauss_newton", "functional")),

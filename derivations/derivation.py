@@ -118,8 +118,13 @@ class Derivation:
         default_factory=dict)
 
     @property
+    def input_varies(self) -> bool:
+        """Whether ``X`` is a variable (not where it holds token ids' one-hot rows: data)."""
+        return not (isinstance(self.config, Program) and self.config.tokens)
+
+    @property
     def variables(self) -> list[Tensor]:
-        return [*self.params, self.X]
+        return [*self.params, self.X] if self.input_varies else list(self.params)
 
     def add_group(self, name: str, requires: tuple[str, ...],
                   directions: Directions = ((), ())) -> AbstractContextManager[None]:
@@ -382,7 +387,9 @@ def _loss_hessians(der: Derivation, tangents: dict[str, calculus.Tangents],
     g = der.graph
     forward, loss = g.in_group("forward"), g.in_group("loss")
     pairs = [(a, b) for n, a in enumerate(der.params) for b in der.params[n:]]
-    for first, second in [*pairs, (der.X, der.X), *((der.X, p) for p in der.params)]:
+    if der.input_varies:
+        pairs += [(der.X, der.X), *((der.X, p) for p in der.params)]
+    for first, second in pairs:
         v, w = first.name, second.name
         renamed, directions = _pair_directions(g, tangents, v, w)
         requires = ("adjoints", f"loss_tangent_{v}", f"loss_tangent_{w}")
@@ -485,11 +492,11 @@ def _gradients(der: Derivation, adjoints: dict[str, Expr]) -> None:
     sample's own ``∂ell_b/∂V`` of every variable, ``(B, *shape(V))`` (what a chain's exact
     diagonal multiplies entry by entry)."""
     with der.add_group("gradient", ("adjoints",)):
-        for var in (*der.params, der.X):
+        for var in der.variables:
             der.add("gradient", (var.name,), der.graph.output(
                 f"gradient_{var.name}", adjoints[var.name], mean_over_batch=var is not der.X))
     with der.add_group("per_sample_gradient", ("adjoints",)):
-        for var in (*der.params, der.X):
+        for var in der.variables:
             der.add("per_sample_gradient", (var.name,), der.graph.output(
                 f"per_sample_gradient_{var.name}", adjoints[var.name]))
 
@@ -500,7 +507,7 @@ def _hessian_vector_products(der: Derivation, adjoints: dict[str, Expr]) -> None
     g = der.graph
     program = (g.in_group("forward") + g.in_group("loss") + g.in_group("loss_adjoints")
                + g.in_group("adjoints"))
-    for label, variables in (("params", der.params), ("X", [der.X])):
+    for label, variables in (("params", der.params), ("X", der.variables[len(der.params):])):
         if not variables:
             continue
         with der.add_group(f"hvp_{label}", ("adjoints",)):
@@ -541,9 +548,9 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
         der.target.indices)
     program = g.in_group("loss") + g.in_group("loss_adjoints") + g.in_group("adjoints")
     with der.add_group("hvp_joint", ("adjoints", "jvp")):
-        # the input's gradient on the way (a chain's next cotangent down)
-        der.add("joint_gradient", (der.X.name,),
-                g.output(f"joint_gradient_{der.X.name}", adjoints[der.X.name]))
+        if der.input_varies:  # the input's gradient on the way (a chain's next cotangent)
+            der.add("joint_gradient", (der.X.name,),
+                    g.output(f"joint_gradient_{der.X.name}", adjoints[der.X.name]))
         calculus.propagate(g, program, tangents, "w")
         for var in der.variables:
             hv = calculus.differentiate(g, adjoints[var.name], tangents)

@@ -99,6 +99,9 @@ class Program:
     #: products, the pieces chains compose) or ``"blocks"`` (those and the Jacobians,
     #: loss-Hessian blocks, diagonals and Kronecker factors)
     scope: str = "blocks"
+    #: ``X`` holds the one-hot rows of token ids: data, not a variable (autograd takes no
+    #: derivative in integer ids either), its products printed as gathers and scatters of rows
+    tokens: bool = False
 
     @property
     def fingerprint(self) -> str:

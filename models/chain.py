@@ -281,11 +281,11 @@ class Chain:
         ``(B, n_X)``. One forward pass and one adjoint sweep through every part."""
         if wrt not in (None, "X"):
             raise ValueError(f"wrt: expected None (every parameter) or 'X', got {wrt!r}")
-        single = len(X.shape) == len(self.modules[0].INPUT_SHAPE)
-        flat, out = (None, None) if wrt == "X" else self._flat_out(params, self.PARAMS, X)
+        single, to_input = len(X.shape) == len(self.modules[0].INPUT_SHAPE), self._to_input(wrt)
+        flat, out = (None, None) if to_input else self._flat_out(params, self.PARAMS, X)
         pieces, in_X = self.gradient_pieces(params, X[None] if single else X,
                                             target[None] if single else target, out)
-        if wrt == "X":
+        if to_input:
             value = in_X.reshape(in_X.shape[0], -1)
             return self._finished(value[0] if single else value, X, "gradient",
                                   "the gradient in X")
@@ -298,13 +298,19 @@ class Chain:
         (the blocks of results and directions follow ``PARAMS``), with (``tied``) the other
         places a tie reads them."""
         # checked as a generated module checks it (None: every parameter, if any)
-        names = list(self.PARAMS) if wrt is None else self.checks._check_wrt(wrt, self.PARAMS)
+        names = list(self.PARAMS) if wrt is None else self.checks._check_wrt(
+            wrt, self.PARAMS, "X" in self.modules[0]._GRADIENT)
         if names == ["X"]:
             raise ValueError("wrt: expected names of PARAMS here ('X' alone is taken by "
                              "gradient, loss_hessian, diagonal, hvp and gnvp), got 'X'")
         if tied:
             names = [*names, *(t for t, source in self.ties.items() if source in names)]
         return [[n for n, key in keys.items() if key in names] for keys in self.part_keys]
+
+    def _to_input(self, wrt: Any) -> bool:
+        """Whether ``wrt`` is ``"X"``: refused where the first part's input is token ids."""
+        return isinstance(wrt, str) and wrt == "X" and bool(self.checks._check_variable(
+            wrt, "wrt", self.PARAMS, "X" in self.modules[0]._GRADIENT))
 
     def _keys(self, chosen: list[list[str]]) -> list[str]:
         """The chain's names of ``chosen`` (per part, its own names), in order."""
@@ -336,7 +342,7 @@ class Chain:
         if part == "functional":
             return (self.loss_hessian(params, X, target, wrt)
                     - self.loss_hessian(params, X, target, wrt, "gauss_newton"))
-        if isinstance(wrt, str) and wrt == "X":
+        if self._to_input(wrt):
             return self._backpropagate(params, X, target, [[]] * self.depth, part, True)[1]
         chosen = self._chosen(wrt)
         return self.ties.fold_axes(
@@ -417,7 +423,7 @@ class Chain:
             raise ValueError("part: expected 'full' or 'gauss_newton' here (the functional "
                              "part is their difference), got 'functional'")
         budget = bounds(max_memory, chunk)
-        to_input = isinstance(wrt, str) and wrt == "X"
+        to_input = self._to_input(wrt)
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
         self.ties.refuse(self._keys(chosen), "diagonal")
         like = X
@@ -447,7 +453,7 @@ class Chain:
         parts above it."""
         layers = self._layers(params)
         inputs = self._inputs(layers, X)
-        places = [(0, "X")] if wrt == "X" else [
+        places = [(0, "X")] if self._to_input(wrt) else [
             (k, names[0]) for k, names in enumerate(self._chosen(wrt)) if names]
         total = None
         for lowest, name in places:  # one per place that reads wrt (ties)
@@ -540,7 +546,7 @@ class Chain:
             X, target = X[None], target[None]
         name = "Hessian" if kind == "hvp" else "Gauss–Newton"
         quantity = f"the {name}-vector product"
-        if isinstance(wrt, str) and wrt == "X":  # per sample, a direction in each input
+        if self._to_input(wrt):  # per sample, a direction in each input
             n = int(np.prod(X.shape[1:]))
             expected = (n,) if single else (X.shape[0], n)
             if tuple(v.shape) != expected:

@@ -74,19 +74,27 @@ def _named(names, most=8):
     return str(names[:most])[:-1] + f", ... ({len(names)} in all)]"
 
 
-def _check_variable(wrt, argument, names):
-    """``wrt`` if it is ``X`` or one of the parameter ``names``, else ValueError (str)."""
+def _check_variable(wrt, argument, names, input_varies=True):
+    """``wrt`` if it is ``X`` (where the input is a variable) or one of the parameter
+    ``names``, else ValueError (str)."""
+    if isinstance(wrt, str) and wrt == "X" and not input_varies:
+        raise ValueError(f"{argument}: expected one of the parameters {_named(names)}, got "
+                         f"'X', which holds the one-hot rows of token ids here: data, not a "
+                         f"variable (autograd takes no derivative in integer ids either); "
+                         f"pass the embedded rows instead (inputs_embeds=... for a Hugging "
+                         f"Face model) for derivatives in the input")
     if not isinstance(wrt, str) or (wrt != "X" and wrt not in names):
         got, by = (repr(wrt), "") if isinstance(wrt, str) else (_a(wrt), " by name")
-        raise ValueError(f"{argument}: expected 'X' or one of the parameters "
-                         f"{_named(names)}{by}, got {got}")
+        expected = "'X' or one of the parameters" if input_varies else "one of the parameters"
+        raise ValueError(f"{argument}: expected {expected} {_named(names)}{by}, got {got}")
     return wrt
 
 
-def _check_wrt(wrt, names):
-    """The variables of ``wrt`` (default: the parameter ``names``, or X), checked (list of str)."""
+def _check_wrt(wrt, names, input_varies=True):
+    """The variables of ``wrt`` (default: the parameter ``names``, or X), checked (list of
+    str); ``input_varies=False``: ``X`` is data, refused."""
     if wrt is None:
-        return list(names) or ["X"]
+        return list(names) or [_check_variable("X", "wrt", names, input_varies)]
     if not isinstance(wrt, (str, list, tuple)):
         raise TypeError(f"wrt: expected 'X', a parameter name or a list of names, got "
                         f"{_a(wrt)}")
@@ -94,7 +102,7 @@ def _check_wrt(wrt, names):
     if not chosen:
         raise ValueError("wrt: expected 'X' or a non-empty list of parameter names, got []")
     for name in chosen:
-        _check_variable(name, "wrt", names)
+        _check_variable(name, "wrt", names, input_varies)
     if "X" in chosen and len(chosen) > 1:
         raise ValueError(f"wrt: expected 'X' alone or parameter names only, got {chosen}")
     if len(set(chosen)) != len(chosen):

@@ -77,7 +77,7 @@ def gradient(params, X, target, wrt=None):
     without parameters defaults to ``"X"``), shape ``(n,)``, the ``wrt`` blocks of ``vec_r``
     concatenated. With ``wrt="X"``: per sample, the gradient of each sample's own loss in
     its own input, shape ``(B, L·d)``."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     ns = _prepare(params, X, target)
     _run(ns, "gradient")
     if names == ["X"]:
@@ -90,7 +90,7 @@ def gradient(params, X, target, wrt=None):
 def jacobian(params, X, wrt):
     """``∂vec_r(Z)/∂vec_r(wrt)^T`` per sample, shape ``(B, L·d, n_wrt)``."""
     ns = _prepare(params, X)
-    variable = _check_variable(wrt, "wrt", _parameter_names())
+    variable = _check_variable(wrt, "wrt", _parameter_names(), "X" in _GRADIENT)
     _run(ns, "jacobian_" + variable)
     value = ns[_JACOBIAN[variable]]
     value = value.reshape(ns["B"], _numel(ns, OUTPUT_SHAPE), _size(ns, variable))
@@ -102,8 +102,8 @@ def output_hessian(params, X, wrt_i, wrt_j):
     ``(B, L·d·n_i, n_j)``: entry ``[r·n_i + c, e]`` is
     ``∂²vec_r(Z)_r / ∂vec_r(wrt_i)_c ∂vec_r(wrt_j)_e``."""
     ns = _prepare(params, X)
-    first = _check_variable(wrt_i, "wrt_i", _parameter_names())
-    second = _check_variable(wrt_j, "wrt_j", _parameter_names())
+    first = _check_variable(wrt_i, "wrt_i", _parameter_names(), "X" in _GRADIENT)
+    second = _check_variable(wrt_j, "wrt_j", _parameter_names(), "X" in _GRADIENT)
     _run(ns, f"second_{first}_{second}")
     value = ns[_OUTPUT_HESSIAN[first, second]]
     value = value.reshape(ns["B"], -1, _size(ns, second))
@@ -117,7 +117,7 @@ def loss_hessian(params, X, target, wrt=None, part="full"):
     ``part`` is ``"full"``, ``"gauss_newton"`` (``J^T ∂²ℓ/∂Z² J``) or ``"functional"``
     (``(∂ℓ/∂Z ⊗ I) ∂²Z``). With ``wrt="X"``: per sample, the Hessian of each sample's
     own loss in its own input, shape ``(B, L·d, L·d)``."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     part = _check_part(part)
     ns = _prepare(params, X, target)
     if names == ["X"]:
@@ -157,7 +157,7 @@ def loss_hessian_mixed(params, X, target, wrt=None, part="full"):
     parameters ``wrt`` (default: all of ``PARAMS``), shape ``(B, L·d, n)``: entry
     ``[b, r, c]`` is ``∂²ℓ_b / ∂vec_r(X_b)_r ∂θ_c``, ``θ`` the ``wrt`` blocks of ``vec_r``
     concatenated. ``part`` as for ``loss_hessian``."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     if "X" in names:
         raise ValueError(f"wrt: expected parameter names (the rows are X's), got {names}")
     part = _check_part(part)
@@ -184,7 +184,7 @@ def diagonal(params, X, target, wrt=None, part="full"):
     """The diagonal of ``loss_hessian(params, X, target, wrt, part)`` without forming the
     Hessian: shape ``(n,)`` (the ``wrt`` blocks of ``vec_r`` concatenated), or with
     ``wrt="X"`` per sample ``(B, L·d)``. Each block's diagonal is derived on its own."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     part = _check_part(part)
     ns = _prepare(params, X, target)
     parts = ("gauss_newton", "functional") if part == "full" else (part,)
@@ -281,7 +281,7 @@ def hvp(params, X, target, v, wrt=None):
     shape ``(n,)`` (``v`` the ``wrt`` blocks of ``vec_r`` concatenated), or ``(n, k)`` for
     the ``k`` columns of ``v`` of shape ``(n, k)`` (one forward pass for all of them), or
     with ``wrt="X"`` per sample ``(B, L·d)`` for ``v`` of shape ``(B, L·d)``."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     ns = _prepare(params, X, target)
     if names == ["X"]:
         _input_direction(ns, v, "v", _DIRECTIONS["X"])
@@ -296,7 +296,7 @@ def gnvp(params, X, target, v, wrt=None):
     """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` of the Hessian of ``loss`` over ``wrt``
     times ``v`` (the Hessian's second-order terms left out), without forming it: shapes as
     for ``hvp`` (``v`` of shape ``(n,)`` or ``(n, k)``; with ``wrt="X"`` per sample)."""
-    names = _check_wrt(wrt, _parameter_names())
+    names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     ns = _prepare(params, X, target)
     if names == ["X"]:
         _parameter_directions(ns, None, [], _JOINT_DIRECTIONS)
@@ -311,7 +311,8 @@ def gnvp(params, X, target, v, wrt=None):
 
 def _joint_names(wrt, v):
     """The parameters a joint direction ``v`` spans (none when ``v`` is None)."""
-    names = [] if v is None and wrt is None else _check_wrt(wrt, _parameter_names())
+    names = [] if v is None and wrt is None else _check_wrt(wrt, _parameter_names(),
+                                                            "X" in _GRADIENT)
     if "X" in names:
         raise ValueError(f"wrt: expected parameter names (the input's direction is v_X), "
                          f"got {names}")
@@ -321,7 +322,11 @@ def _joint_names(wrt, v):
 def _joint_directions(ns, v, v_X, names):
     """Bind the joint direction: ``v`` over the parameters ``names``, ``v_X`` (None: 0)."""
     _parameter_directions(ns, v, names, _JOINT_DIRECTIONS)
-    if v_X is None:
+    if "X" not in _JOINT_DIRECTIONS:  # token ids' one-hot rows: data, no direction
+        if v_X is not None:
+            raise ValueError("v_X: expected None: X holds the one-hot rows of token ids "
+                             "here, which are data, not a variable")
+    elif v_X is None:
         ns[_JOINT_DIRECTIONS["X"]] = _zeros(ns, (ns["B"],) + _engine_dims("X", ns))
     else:
         _input_direction(ns, v_X, "v_X", _JOINT_DIRECTIONS["X"])
@@ -347,11 +352,12 @@ def hvp_joint(params, X, target, v=None, v_X=None, wrt=None, v_T=None):
     direction ``(v, v_X)`` (as for ``jvp``), without forming it: the triple
     ``(H_θθ v + mean_b H_θX_b v_X_b`` of shape ``(n,)``, per sample
     ``H_XX_b v_X_b + H_Xθ_b v`` of shape ``(B, n_X)``, and per sample the gradient of each
-    sample's own loss in its input, ``(B, n_X))``, ``H_b`` the Hessian of sample ``b``'s own
-    loss. ``v_T`` (``(B, n_Z)``, ``vec_r`` of a target per sample; ``None``: zero) adds
-    the mixed derivatives with the target along it: with the ``linear`` loss
-    ``Σ T∘Z``, ``mean_b J_θ^T v_T`` and ``J_X^T v_T`` (how chained modules pass a
-    cotangent's tangent down)."""
+    sample's own loss in its input, ``(B, n_X))`` (the input's two None where ``X`` holds
+    token ids: data), ``H_b`` the Hessian of sample ``b``'s own loss. ``v_T``
+    (``(B, n_Z)``, ``vec_r`` of a target per sample; ``None``: zero) adds the mixed
+    derivatives with the target along it: with the ``linear`` loss ``Σ T∘Z``,
+    ``mean_b J_θ^T v_T`` and ``J_X^T v_T`` (how chained modules pass a cotangent's tangent
+    down)."""
     names = _joint_names(wrt, v)
     ns = _prepare(params, X, target)
     _joint_directions(ns, v, v_X, names)
@@ -370,29 +376,37 @@ def hvp_joint(params, X, target, v=None, v_X=None, wrt=None, v_T=None):
     _run(ns, "hvp_joint")
     in_params = (_concatenate([ns[_JOINT_HVP[name]].reshape(-1) for name in names])
                  if names else _zeros(ns, (0,)))
-    in_input = _per_sample(ns, ns[_JOINT_HVP["X"]].reshape(ns["B"], _size(ns, "X")))
-    gradient = _per_sample(ns, ns[_JOINT_GRADIENT_NODE].reshape(ns["B"], _size(ns, "X")))
     return (_result(ns, in_params, "hvp_joint", f"the Hessian-vector product in {names}"),
-            _result(ns, in_input, "hvp_joint", "the Hessian-vector product in X"),
-            _result(ns, gradient, "hvp_joint", "the gradient in X"))
+            _in_input(ns, _JOINT_HVP.get("X"), "hvp_joint",
+                      "the Hessian-vector product in X"),
+            _in_input(ns, _JOINT_GRADIENT_NODE, "hvp_joint", "the gradient in X"))
 
 
 def gnvp_joint(params, X, target, v=None, v_X=None, wrt=None):
     """The Gauss–Newton part ``J^T (∂²ℓ/∂Z²) J`` over the parameters ``wrt`` and the input
     together times one joint direction ``(v, v_X)`` (as for ``jvp``): the pair
     ``(mean_b J_θ,b^T H_b (J_θ,b v + J_X,b v_X,b)`` of shape ``(n,)``, per sample
-    ``J_X,b^T H_b (J_θ,b v + J_X,b v_X,b)`` of shape ``(B, n_X))``, ``H_b`` the loss's
-    curvature ``∂²ℓ_b/∂Z_b²`` of sample ``b``."""
+    ``J_X,b^T H_b (J_θ,b v + J_X,b v_X,b)`` of shape ``(B, n_X))`` (None where ``X`` holds
+    token ids: data), ``H_b`` the loss's curvature ``∂²ℓ_b/∂Z_b²`` of sample ``b``."""
     names = _joint_names(wrt, v)
     ns = _prepare(params, X, target)
     _joint_directions(ns, v, v_X, names)
     _run(ns, "gnvp_joint")
     in_params = (_concatenate([ns[_JOINT_GNVP[name]].reshape(-1) for name in names])
                  if names else _zeros(ns, (0,)))
-    in_input = _per_sample(ns, ns[_JOINT_GNVP["X"]].reshape(ns["B"], _size(ns, "X")))
     return (_result(ns, in_params, "gnvp_joint",
                     f"the Gauss–Newton-vector product in {names}"),
-            _result(ns, in_input, "gnvp_joint", "the Gauss–Newton-vector product in X"))
+            _in_input(ns, _JOINT_GNVP.get("X"), "gnvp_joint",
+                      "the Gauss–Newton-vector product in X"))
+
+
+def _in_input(ns, node, function, quantity):
+    """Per sample ``(B, n_X)``, the result ``node`` in the input, checked; None where ``X``
+    is data (token ids' one-hot rows) and has none."""
+    if not node:
+        return None
+    value = _per_sample(ns, ns[node].reshape(ns["B"], _size(ns, "X")))
+    return _result(ns, value, function, quantity)
 
 
 def kronecker_factors(params, X, target, wrt_i, wrt_j=None, part="full"):
@@ -402,9 +416,9 @@ def kronecker_factors(params, X, target, wrt_i, wrt_j=None, part="full"):
     ``Σ_k A_k[a, a'] B_k[c, c']`` for ``wrt_i[a, c]``, ``wrt_j[a', c']``), ``A_k`` of shape
     ``(p, p')`` and ``B_k`` of shape ``(q, q')`` for ``wrt_i`` of shape ``(p, q)`` and
     ``wrt_j`` of ``(p', q')``; ``None`` stands for an identity (never formed)."""
-    first = _check_variable(wrt_i, "wrt_i", _parameter_names())
+    first = _check_variable(wrt_i, "wrt_i", _parameter_names(), "X" in _GRADIENT)
     second = _check_variable(first if wrt_j is None else wrt_j, "wrt_j",
-                             _parameter_names())
+                             _parameter_names(), "X" in _GRADIENT)
     part = _check_part(part)
     if (first, second, part) not in _KRONECKER:
         raise ValueError(f"wrt_i, wrt_j: expected a block of STRUCTURED {list(STRUCTURED)} "

@@ -4,7 +4,8 @@ A chain of modules keeps each one's forward values (as autograd keeps what its b
 needs) and continues from them: a gradient is one forward and one adjoint sweep, an HVP adds
 one tangent sweep up and one second-order sweep down, and several directions share the
 forward and the adjoints. Arrays stay in the dtype they are computed in and are not checked
-for overflow here: the caller checks its final result once."""
+for overflow here: the caller checks its final result once. Where ``X`` holds the one-hot
+rows of token ids (data, not a variable), the results in the input are None."""
 
 # -- stand-ins: the generated module defines these (not copied) --
 from ._module_names import (
@@ -44,9 +45,12 @@ def _saved_target(saved, target):
     saved["_target"] = target
 
 
-def _input_shaped(saved, value):
-    """``value`` (per sample, engine shape) in the input's shape ``(B, *INPUT_SHAPE)``."""
-    return value.reshape((saved["B"],) + tuple(_dim(s, saved) for s in INPUT_SHAPE))
+def _input_shaped(saved, node):
+    """The node ``node`` (per sample, engine shape) in the input's shape
+    ``(B, *INPUT_SHAPE)``; None for no node (``X`` holds token ids: data, with no derivative)."""
+    if not node:
+        return None
+    return saved[node].reshape((saved["B"],) + tuple(_dim(s, saved) for s in INPUT_SHAPE))
 
 
 def forward_saved(params, X):
@@ -84,7 +88,11 @@ def jvp_saved(saved, v=None, v_X=None, keep_inner=True):
         else:
             saved[_JOINT_DIRECTIONS[name]] = _zeros(saved, _engine_dims(name, saved))
     batched = (saved["B"],) + _engine_dims("X", saved)
-    if v_X is None:
+    if "X" not in _JOINT_DIRECTIONS:  # token ids' one-hot rows: data, no direction
+        if v_X is not None:
+            raise ValueError("v_X: expected None: X holds the one-hot rows of token ids here, "
+                             "which are data, not a variable")
+    elif v_X is None:
         saved[_JOINT_DIRECTIONS["X"]] = _zeros(saved, batched)
     else:
         value = _as_array(v_X, "v_X", like=saved["X"])
@@ -134,7 +142,7 @@ def vjp_saved(saved, target, out=None):
     product makes them) and returned as views of it."""
     _saved_target(saved, target)
     gradients = _run_into(saved, "gradient", _GRADIENT, out)
-    return gradients, _input_shaped(saved, saved[_GRADIENT["X"]])
+    return gradients, _input_shaped(saved, _GRADIENT.get("X"))
 
 
 def vjp_per_sample_saved(saved, target):
@@ -145,7 +153,7 @@ def vjp_per_sample_saved(saved, target):
     _saved_target(saved, target)
     _run(saved, "per_sample_gradient")
     return ({name: saved[_PER_SAMPLE_GRADIENT[name]] for name, _ in PARAMS},
-            _input_shaped(saved, saved[_PER_SAMPLE_GRADIENT["X"]]))
+            _input_shaped(saved, _PER_SAMPLE_GRADIENT.get("X")))
 
 
 def hvp_saved(saved, target, v_T=None, out=None):
@@ -164,12 +172,13 @@ def hvp_saved(saved, target, v_T=None, out=None):
     saved["u_T"] = (_zeros(saved, output) if v_T is None
                     else _as_array(v_T, "v_T", like=saved["X"]).reshape(output))
     products = _run_into(saved, "hvp_joint", _JOINT_HVP, out)
-    gradient = saved[_JOINT_GRADIENT_NODE]
-    if saved.get("_gradient") is not gradient:
+    gradient = saved.get(_JOINT_GRADIENT_NODE)
+    if saved.get("_gradient") is not gradient or "_gradient" not in saved:
         # one object while the adjoints stand: the part below, bound to it as its target,
         # then keeps its own adjoints from one direction to the next
-        saved["_gradient"], saved["_gradient_shaped"] = gradient, _input_shaped(saved, gradient)
-    return (products, _input_shaped(saved, saved[_JOINT_HVP["X"]]), saved["_gradient_shaped"])
+        saved["_gradient"] = gradient
+        saved["_gradient_shaped"] = _input_shaped(saved, _JOINT_GRADIENT_NODE)
+    return (products, _input_shaped(saved, _JOINT_HVP.get("X")), saved["_gradient_shaped"])
 
 
 def gnvp_saved(saved, target, out=None):
@@ -181,4 +190,4 @@ def gnvp_saved(saved, target, out=None):
         raise ValueError("saved: expected a direction bound by jvp_saved first (keep_inner=True)")
     _saved_target(saved, target)
     products = _run_into(saved, "gnvp_joint", _JOINT_GNVP, out)
-    return products, _input_shaped(saved, saved[_JOINT_GNVP["X"]])
+    return products, _input_shaped(saved, _JOINT_GNVP.get("X"))

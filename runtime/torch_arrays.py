@@ -128,6 +128,47 @@ def _matmul_into(ns, name, a, b):
     return torch.matmul(a, b, out=array.view(shape))
 
 
+def _token_rows(ns):
+    """The token ids ``X``'s one-hot rows ``(B, ..., V)`` hold: ``(ids, kept)``, both shaped
+    ``(B, ...)``; ``kept`` is 1 where a row holds its one and 0 for a row of zeros (a padding
+    id, whose id reads 0). Read once per call."""
+    if "_ids" not in ns:
+        ns["_kept"], ns["_ids"] = ns["X"].max(dim=-1)
+    return ns["_ids"], ns["_kept"]
+
+
+def _gather_rows(ns, table):
+    """``X @ table`` for ``X`` the one-hot rows ``(B, ..., V)`` and ``table`` ``(V, N...)``:
+    the table's rows at the ids, ``(B, ..., N...)``, with no product formed."""
+    ids, kept = _token_rows(ns)
+    return table[ids] * kept.reshape(kept.shape + (1,) * (table.ndim - 1))
+
+
+def _scatter_rows(ns, values, lead, name=None):
+    """``Xᵀ values`` for ``X`` the one-hot rows ``(B, ..., V)`` and ``values`` ``(B, ..., N...)``,
+    summed over every row axis but the first ``lead``: ``(*lead axes, V, N...)``, each value
+    row added into its id's row (no product formed); into the caller's array for the result
+    ``name`` if ``ns["_out"]`` has one."""
+    ids, kept = _token_rows(ns)
+    rest = tuple(values.shape[ids.ndim:])
+    rows = ns["X"].shape[-1]
+    index = ids
+    if lead:  # one table per leading position: its ids offset past the others' tables
+        count = 1
+        for size in ids.shape[:lead]:
+            count *= size
+        offsets = torch.arange(count, device=ids.device) * rows
+        index = ids + offsets.reshape(tuple(ids.shape[:lead]) + (1,) * (ids.ndim - lead))
+    shape = tuple(ids.shape[:lead]) + (rows,) + rest
+    out = ns.get("_out")
+    array = None if out is None or name is None else out.get(name)
+    result = (torch.zeros(shape, dtype=values.dtype, device=values.device) if array is None
+              else array.view(shape).zero_())
+    weighted = values * kept.reshape(kept.shape + (1,) * len(rest))
+    result.view((-1,) + rest).index_add_(0, index.reshape(-1), weighted.reshape((-1,) + rest))
+    return result
+
+
 def _contiguous_size(array):
     """The number of entries of ``array`` when it is contiguous (row-major), else None."""
     return array.numel() if array.is_contiguous() else None

@@ -27,6 +27,9 @@ class ArrayPrinter(PythonCodePrinter):
 
     module = ""
     axis_keyword = ""
+    #: ``one_hot_input``: ``X`` holds the one-hot rows of token ids, so that its products
+    #: print as gathers and scatters of rows (:meth:`_one_hot_product`)
+    _default_settings = {**PythonCodePrinter._default_settings, "one_hot_input": False}
 
     # -- scalar expressions ---------------------------------------------------------
     def _call(self, function: str, expr: sp.Function) -> str:
@@ -91,6 +94,9 @@ class ArrayPrinter(PythonCodePrinter):
         return "\n".join(lines)
 
     def _print_Contract(self, node: ir.Contract) -> str:
+        gathered = self._one_hot_product(node)
+        if gathered is not None:
+            return f"{node.result} = {gathered}"
         call = calls.classify(node.spec)
         if node.row_major and call is None and len(node.operands) == 2:
             # the module's helper: a large result in slices, never held twice
@@ -101,6 +107,35 @@ class ArrayPrinter(PythonCodePrinter):
         if node.row_major and not isinstance(call, (calls.Matmul, calls.MergedMatmul)):
             value = self.row_major(value)  # a matmul's result is row-major already
         return f"{node.result} = {value}"
+
+    def _one_hot_product(self, node: ir.Contract) -> str | None:
+        """The product of ``X``, the one-hot rows of token ids ``(B, ..., V)``, with another
+        operand, where the module's input is such rows: a gather of the operand's rows at the
+        ids (``V`` summed, ``out = X's rows, the operand's other axes``) or a scatter of its
+        rows into theirs (``V`` kept, the operand ``(X's rows, N...)``, ``out = (leading
+        rows, V, N...)``); None for any other contraction (printed as it is)."""
+        if (not self._settings["one_hot_input"] or len(node.operands) != 2
+                or node.operands.count("X") != 1):
+            return None
+        specs, out = node.spec.split("->")
+        k = node.operands.index("X")
+        x, spec = specs.split(",")[k], specs.split(",")[1 - k]
+        other, rows, v = node.operands[1 - k], x[:-1], x[-1]
+        if v not in out and v in spec and not set(rows) & set(spec):
+            rest = spec.replace(v, "")
+            if out != rows + rest:
+                return None
+            if spec[0] != v:  # the rows of the operand along its vocabulary axis
+                axes = (spec.index(v), *(a for a, c in enumerate(spec) if c != v))
+                other = self.permuted(other, axes, copy=False)
+            return f"_gather_rows(ns, {other})"
+        if v in out and v not in spec:
+            lead, rest = out[:out.index(v)], out[out.index(v) + 1:]
+            if not rows.startswith(lead) or spec != rows + rest:
+                return None
+            into = f', "{node.result}"' if node.into else ""
+            return f"_scatter_rows(ns, {other}, {len(lead)}{into})"
+        return None
 
     def contraction(self, call: calls.Call | None, spec: str, x: tuple[str, ...],
                     into: str | None = None) -> str:
