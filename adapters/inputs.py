@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..data import NothingCounted
+from ..runtime.torch_arrays import _all_finite
 from .trace import Trace
 
 
@@ -52,7 +53,7 @@ def direction(v: Any, like: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"v: expected floating-point values, got dtype {v.dtype}")
     _finite("v", v)
     v = v.detach().to(dtype=like.dtype, device=like.device)
-    if not bool(torch.isfinite(v).all()):
+    if not _all_finite(v):
         raise ValueError(f"v: expected values that fit the module's dtype {like.dtype}, got "
                          f"some beyond its range ({torch.finfo(like.dtype).max:.4g})")
     return v
@@ -60,7 +61,7 @@ def direction(v: Any, like: torch.Tensor) -> torch.Tensor:
 
 def _finite(name: str, value: torch.Tensor) -> None:
     """ValueError naming the first entry of ``value`` that is NaN or inf."""
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+    if value.is_floating_point() and not _all_finite(value):
         at = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
         what = "NaN" if bool(torch.isnan(value[at])) else "inf"
         raise ValueError(f"{name}: expected finite values, got {what} at index "

@@ -74,15 +74,16 @@ def directions(v: torch.Tensor, pieces: list[Piece], params: dict) -> list[dict]
 def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """An empty result over ``pieces`` (in their order) in ``like``'s dtype and
-    device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece read in
-    one place, by the runner's name: the runner writes its result there."""
+    device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece by the
+    runner's name of the last place it is read: the runner writes its result there (a tied
+    weight's other places are added to it)."""
     n = sum(size for *_, size in pieces)
     out = torch.empty((n,) if columns is None else (n, columns), dtype=like.dtype,
                       device=like.device)
     slots, offset = {}, 0
     for _, ours, size in pieces:
-        if columns is None and len(ours) == 1:
-            slots[ours[0]] = out[offset:offset + size]
+        if columns is None and ours:
+            slots[ours[-1]] = out[offset:offset + size]
         offset += size
     return out, slots
 
@@ -102,8 +103,8 @@ def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], funct
             if not ours:
                 slot.zero_()
             else:
-                written(slot, values[ours[0]])
-                for name in ours[1:]:
+                written(slot, values[ours[-1]])
+                for name in ours[:-1]:
                     slot.add_(values[name].reshape(-1))
             offset += size
     return checks("torch")._checked(out, out.dtype, function, quantity, {"X": X})
