@@ -8,6 +8,7 @@ import importlib.machinery
 import os
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,12 +30,13 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # workers share the cores, torc
 def _verification_cache(tmp_path_factory):
     """The module cache (and the CLI's record of verified modules), kept out of the user's
     home during the tests: one folder for the run, shared by pytest-xdist's workers (the
-    cache is made for processes sharing it)."""
+    cache is made for processes sharing it), or ``$CURVGAP_TEST_CACHE`` where it is set (CI's
+    quick and slow runs share one). Tests that need an empty cache make their own."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's folder, above each worker's own
-    folder = root / "cache"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = Path(os.environ.get("CURVGAP_TEST_CACHE") or root / "cache")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ["CURVGAP_CACHE"] = str(folder)
 SHIPPED = {path.stem: load(path) for path in shipped_configs()}
 
