@@ -47,11 +47,13 @@ def _token_part_source(c: curvgap.adapters.Curvature) -> str:
     return Path(module.__file__).read_text()
 
 
-def test_a_token_models_products_are_autograds_with_padding_and_a_tied_head():
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["unfused", "fused"])
+def test_a_token_models_products_are_autograds_with_padding_and_a_tied_head(fused):
     module = randomise(TiedLM().to(DTYPE))
     ids, T = _batch()
     ref = Reference(module, ids, T, "cross_entropy")
-    c = curvgap.curvature(module, "cross_entropy")
+    c = curvgap.curvature(module, "cross_entropy", fused=fused)
     gradient = c.gradient(ids, T)
     assert relative(gradient, ref.gradient()) <= 1e-10
     v = torch.randn(gradient.numel(), generator=torch.Generator().manual_seed(1), dtype=DTYPE)
