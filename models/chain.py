@@ -298,8 +298,7 @@ class Chain:
         (the blocks of results and directions follow ``PARAMS``), with (``tied``) the other
         places a tie reads them."""
         # checked as a generated module checks it (None: every parameter, if any)
-        names = list(self.PARAMS) if wrt is None else self.checks._check_wrt(
-            wrt, self.PARAMS, "X" in self.modules[0]._GRADIENT)
+        names = list(self.PARAMS) if wrt is None else self.checks._check_wrt(wrt, self.PARAMS)
         if names == ["X"]:
             raise ValueError("wrt: expected names of PARAMS here ('X' alone is taken by "
                              "gradient, loss_hessian, diagonal, hvp and gnvp), got 'X'")
@@ -307,8 +306,7 @@ class Chain:
             names = [*names, *(t for t, source in self.ties.items() if source in names)]
         return [[n for n, key in keys.items() if key in names] for keys in self.part_keys]
 
-    def _to_input(self, wrt: Any) -> bool:
-        """Whether ``wrt`` is ``"X"``: refused where the first part's input is token ids."""
+    def _to_input(self, wrt: Any) -> bool:  # "X" (refused where part 0 reads token ids)
         return isinstance(wrt, str) and wrt == "X" and bool(self.checks._check_variable(
             wrt, "wrt", self.PARAMS, "X" in self.modules[0]._GRADIENT))
 
