@@ -152,10 +152,11 @@ class Curvature:
                 raise ValueError(f"X: expected token ids in [0, {vocabulary}), got ids from "
                                  f"{int(X.min())} to {int(X.max())}")
             dtype = next(iter(params.values())).dtype
-            ids, X = X, torch.nn.functional.one_hot(X, vocabulary).to(dtype)
+            # the padding id's rows are zeros: the table's row there is a constant
             padding = traced.trace.readings[0].padding
-            if padding is not None:  # the padding id's rows: the table's row is a constant
-                X = X * (ids != padding).unsqueeze(-1).to(dtype)
+            kept = (X != padding if padding is not None else torch.ones_like(X)).to(dtype)
+            X = torch.zeros(*X.shape, vocabulary, dtype=dtype, device=X.device).scatter_(
+                -1, X.unsqueeze(-1), kept.unsqueeze(-1))
         if self.batch_dim:
             X = X.movedim(self.batch_dim, 0)
         batch = traced.trace.readings[-1].batch_dim

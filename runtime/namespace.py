@@ -132,7 +132,7 @@ def _bind_target(ns, target):
             raise ValueError(f"target: expected class indices in [0, {OUTPUT_SHAPE[-1]}) = "
                              f"[0, {classes}) or -100 (ignored), got {int(target[at])} at "
                              f"index {at[1:] if single else at}")
-        T = _one_hot(labels, classes, ns["X"]) * counted[..., None]
+        T = _one_hot(labels, classes, ns["X"], counted)
         ns["T"] = T.reshape((ns["B"],) + _engine_dims("Z", ns))
     else:
         target = _widened(_as_array(target, "target", like=like))

@@ -79,9 +79,13 @@ def _row_selector(ns, start, stop, rows):
     return (np.arange(rows)[:, None] == np.arange(start, stop)).astype(ns["X"].dtype)
 
 
-def _one_hot(labels, classes, like):
-    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` in the dtype of ``like``."""
-    return (labels[..., None] == np.arange(classes)).astype(like.dtype)
+def _one_hot(labels, classes, like, weights=None):
+    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` in the dtype of ``like``,
+    each row's one ``weights`` (``(B, L)``; None: 1) instead."""
+    out = np.zeros(labels.shape + (classes,), dtype=like.dtype)
+    ones = 1 if weights is None else weights[..., None]
+    np.put_along_axis(out, labels[..., None].astype(np.int64), ones, axis=-1)
+    return out
 
 
 def _erf(array):

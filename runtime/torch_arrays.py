@@ -108,9 +108,14 @@ def _row_selector(ns, start, stop, rows):
     return torch.nn.functional.one_hot(labels, rows).to(X.dtype).T.contiguous()
 
 
-def _one_hot(labels, classes, like):
-    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` in the dtype of ``like``."""
-    return torch.nn.functional.one_hot(labels.long(), classes).to(like.dtype)
+def _one_hot(labels, classes, like, weights=None):
+    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` in the dtype of ``like``,
+    each row's one ``weights`` (``(B, L)``; None: 1) instead (one pass: zeros, scattered)."""
+    labels = labels.long()
+    out = torch.zeros(labels.shape + (classes,), dtype=like.dtype, device=like.device)
+    ones = (torch.ones(labels.shape, dtype=like.dtype, device=like.device) if weights is None
+            else weights.to(like.dtype))
+    return out.scatter_(-1, labels[..., None], ones[..., None])
 
 
 def _zeros(ns, shape):
