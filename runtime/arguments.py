@@ -75,8 +75,7 @@ def _named(names, most=8):
 
 
 def _check_variable(wrt, argument, names, input_varies=True):
-    """``wrt`` if it is ``X`` (where the input is a variable) or one of the parameter
-    ``names``, else ValueError (str)."""
+    """``wrt`` if it is ``X`` (where ``input_varies``) or one of ``names``, else ValueError."""
     if isinstance(wrt, str) and wrt == "X" and not input_varies:
         raise ValueError(f"{argument}: expected one of the parameters {_named(names)}, got "
                          f"'X', which holds the one-hot rows of token ids here: data, not a "
@@ -91,8 +90,7 @@ def _check_variable(wrt, argument, names, input_varies=True):
 
 
 def _check_wrt(wrt, names, input_varies=True):
-    """The variables of ``wrt`` (default: the parameter ``names``, or X), checked (list of
-    str); ``input_varies=False``: ``X`` is data, refused."""
+    """The variables of ``wrt`` (default: the parameter ``names``, or X), checked (list of str)."""
     if wrt is None:
         return list(names) or [_check_variable("X", "wrt", names, input_varies)]
     if not isinstance(wrt, (str, list, tuple)):

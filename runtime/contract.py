@@ -401,8 +401,7 @@ def gnvp_joint(params, X, target, v=None, v_X=None, wrt=None):
 
 
 def _in_input(ns, node, function, quantity):
-    """Per sample ``(B, n_X)``, the result ``node`` in the input, checked; None where ``X``
-    is data (token ids' one-hot rows) and has none."""
+    """The result ``node`` in the input per sample ``(B, n_X)``, checked (None: no node)."""
     if not node:
         return None
     value = _per_sample(ns, ns[node].reshape(ns["B"], _size(ns, "X")))

@@ -46,8 +46,7 @@ def _saved_target(saved, target):
 
 
 def _input_shaped(saved, node):
-    """The node ``node`` (per sample, engine shape) in the input's shape
-    ``(B, *INPUT_SHAPE)``; None for no node (``X`` holds token ids: data, with no derivative)."""
+    """The node ``node`` (per sample) in the input's shape ``(B, *INPUT_SHAPE)`` (None: none)."""
     if not node:
         return None
     return saved[node].reshape((saved["B"],) + tuple(_dim(s, saved) for s in INPUT_SHAPE))

@@ -109,8 +109,7 @@ def _row_selector(ns, start, stop, rows):
 
 
 def _one_hot(labels, classes, like, weights=None):
-    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` in the dtype of ``like``,
-    each row's one ``weights`` (``(B, L)``; None: 1) instead (one pass: zeros, scattered)."""
+    """``labels`` ``(B, L)`` as one-hot rows ``(B, L, classes)`` of ``weights`` (None: 1)."""
     labels = labels.long()
     out = torch.zeros(labels.shape + (classes,), dtype=like.dtype, device=like.device)
     ones = (torch.ones(labels.shape, dtype=like.dtype, device=like.device) if weights is None
@@ -134,26 +133,23 @@ def _matmul_into(ns, name, a, b):
 
 
 def _token_rows(ns):
-    """The token ids ``X``'s one-hot rows ``(B, ..., V)`` hold: ``(ids, kept)``, both shaped
-    ``(B, ...)``; ``kept`` is 1 where a row holds its one and 0 for a row of zeros (a padding
-    id, whose id reads 0). Read once per call."""
+    """``(ids, kept)``, each ``(B, ...)``: the token ids of ``X``'s one-hot rows, read once."""
+    # kept is 1 where a row holds its one, 0 for a row of zeros (a padding id, read as id 0)
     if "_ids" not in ns:
         ns["_kept"], ns["_ids"] = ns["X"].max(dim=-1)
     return ns["_ids"], ns["_kept"]
 
 
 def _gather_rows(ns, table):
-    """``X @ table`` for ``X`` the one-hot rows ``(B, ..., V)`` and ``table`` ``(V, N...)``:
-    the table's rows at the ids, ``(B, ..., N...)``, with no product formed."""
+    """``X @ table`` (``(B, ..., V)`` one-hot, ``(V, N...)``): the rows at the ids, gathered."""
     ids, kept = _token_rows(ns)
     return table[ids] * kept.reshape(kept.shape + (1,) * (table.ndim - 1))
 
 
 def _scatter_rows(ns, values, lead, name=None):
-    """``Xᵀ values`` for ``X`` the one-hot rows ``(B, ..., V)`` and ``values`` ``(B, ..., N...)``,
-    summed over every row axis but the first ``lead``: ``(*lead axes, V, N...)``, each value
-    row added into its id's row (no product formed); into the caller's array for the result
-    ``name`` if ``ns["_out"]`` has one."""
+    """``Xᵀ values`` over all but ``lead`` row axes, ``(*lead, V, N...)``, by scatter-adds."""
+    # each row of values (B, ..., N...) is added into its id's row; written into the
+    # caller's array for the result ``name`` if ns["_out"] has one
     ids, kept = _token_rows(ns)
     rest = tuple(values.shape[ids.ndim:])
     rows = ns["X"].shape[-1]
