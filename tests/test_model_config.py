@@ -402,8 +402,8 @@ def test_tied_sizes_and_ties_are_checked():
         validate_model({**TABLE, "share_relative_bias": True})
 
 
-@pytest.mark.parametrize("table", [TIED, pytest.param(SHARED, marks=pytest.mark.slow)],
-                         ids=["tie_embeddings", "share_relative_bias"])
+@pytest.mark.slow  # the tied model's derivatives are checked in the quick run too (above)
+@pytest.mark.parametrize("table", [TIED, SHARED], ids=["tie_embeddings", "share_relative_bias"])
 def test_generate_writes_and_verifies_a_model_config(table, tmp_path, capsys, monkeypatch):
     """``curvgap generate --config model.toml``: the model's sublayer modules are written and
     verified, and the model itself, as the chain of its parts with its ties, is checked
