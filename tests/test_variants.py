@@ -198,9 +198,10 @@ def variant(tmp_path_factory):
     return get
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW
                                   else name for name in sorted(VARIANTS)])
-def test_variant_matches_torch_func(variant, name, backend):
+def test_variant_matches_torch_func(variant, name, backend):  # numpy's in the slow run
     config, module = variant(name, backend)
     errors = check_module(config, module, backend, DIMS_OF.get(name, DIMS), batch=2, seed=3)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
