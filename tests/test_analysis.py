@@ -27,6 +27,9 @@ from curvgap.derivations.functions import ScalarFn, activation, exp, power, x
 from curvgap.generated.torch import layernorm, paper_block, self_attention
 from curvgap.operators import hessian_operator
 
+#: one worker runs this file: its module-scoped fixtures are computed once
+pytestmark = pytest.mark.xdist_group("analysis")
+
 #: The same instances as the full ``curvgap reproduce``, so that every violation its report
 #: lists is shown here.
 ATTENTION_SEEDS = range(600)

@@ -14,6 +14,9 @@ from curvgap.codegen.verify import random_case, reference_loss, reference_output
 from curvgap.derivations.config import ConfigError
 from curvgap.models import Chain, Model, validate_model
 
+#: one worker runs this file: its module-scoped fixtures are computed once
+pytestmark = pytest.mark.xdist_group("model_config")
+
 B = 2
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5, "p": 6, "c": 7}  # every size differs
 TABLE = {"name": "tiny_vit", "depth": 3, "loss": "cross_entropy",

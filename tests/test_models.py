@@ -11,6 +11,9 @@ from curvgap.codegen.verify import random_case, reference_loss, reference_output
 from curvgap.derivations.config import validate
 from curvgap.models import Stack
 
+#: one worker runs this file: its module-scoped fixtures are computed once
+pytestmark = pytest.mark.xdist_group("models")
+
 DEPTH, B = 3, 2
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}  # L, d, d_k, d_ff all differ
 CONFIG = validate({"name": "stacked", "norm_position": "pre", "heads": 2, "out_proj": True,

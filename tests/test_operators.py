@@ -20,6 +20,9 @@ from curvgap.codegen.generate import load_configs
 from curvgap.codegen.verify import Reference, random_case
 from curvgap.operators import hessian_operator, kronecker_block
 
+#: one worker runs this file: its module-scoped fixtures are computed once
+pytestmark = pytest.mark.xdist_group("operators")
+
 DIMS = {"L": 3, "d": 4, "d_k": 2, "d_ff": 5}  # every size differs
 
 
