@@ -391,6 +391,7 @@ class Curvature:
         """Per sample, the loss Hessian between ``X`` and ``wrt`` (default: every parameter
         that requires a gradient), ``(B, n_X, n)``, columns in the order of ``wrt``."""
         X, T, traced, params = self._prepared(X, T, inputs)
+        self._to_input(traced, "X")  # refused for token ids, which are data
         pieces, used, n = self._selection(traced, wrt)
         H = traced.runner("blocks").loss_hessian_mixed(params, X, T, wrt=used, part=part)
         return self._mean(spread(H, pieces, used, -1), T, True)

@@ -71,8 +71,10 @@ def backpropagate(modules: list[ModuleType], arrays: NumpyArrays | TorchArrays, 
     blocks of ``H`` in part order. ``low_rank(M)`` gives ``M``'s eigenfactors ``(U, λ)``
     where it has low rank, else None."""
     depth = len(modules)
+    # the input's Jacobian of every part below the top, but the lowest's only for blocks in X
+    # (token ids as the input are data: no derivative in them)
     J_X = {k: modules[k].jacobian(at.layers[k], at.inputs[k], "X")
-           for k in range(at.lowest, depth - 1)}
+           for k in range(at.lowest if at.to_input else at.lowest + 1, depth - 1)}
     J_t = {k: arrays.cat([modules[k].jacobian(at.layers[k], at.inputs[k], name)
                           for name in names], -1)
            for k, names in enumerate(at.chosen) if names}
@@ -84,31 +86,31 @@ def backpropagate(modules: list[ModuleType], arrays: NumpyArrays | TorchArrays, 
     for k in range(depth - 1, at.lowest - 1, -1):
         module, names = modules[k], at.chosen[k]
         args = (at.layers[k], at.inputs[k], at.against(k))
-        H_XX = None
+        H_XX, below = None, k > at.lowest or at.to_input  # below: X's blocks are carried
         # M = U diag(λ) U^T per sample, when it has low rank (behind a cross-entropy
         # head, rank ≤ classes - 1): the products with M then go through U^T J
         factor = None if M is None else low_rank(M)
         if factor is not None:
             U, scale = factor
             G_X = U.swapaxes(1, 2) @ J_X[k] if k in J_X else None
-        if k > at.lowest or at.to_input:
+        if below:
             H_XX = module.loss_hessian(*args, wrt="X", part=at.part)
             if factor is not None:  # the curvature from above, carried
                 H_XX = H_XX + G_X.swapaxes(1, 2) @ (scale[..., None] * G_X)
             elif M is not None:
                 H_XX = H_XX + J_X[k].swapaxes(1, 2) @ (M @ J_X[k])
         if names:
-            H_Xt = module.loss_hessian_mixed(*args, wrt=names, part=at.part)
+            H_Xt = module.loss_hessian_mixed(*args, wrt=names, part=at.part) if below else None
             H_tt = module.loss_hessian(*args, wrt=names, part=at.part)
             if factor is not None:
                 G_t = U.swapaxes(1, 2) @ J_t[k]
                 scaled = scale[..., None] * G_t
-                H_Xt = H_Xt + G_X.swapaxes(1, 2) @ scaled
+                H_Xt = H_Xt + G_X.swapaxes(1, 2) @ scaled if below else None
                 H_tt = H_tt + (G_t.reshape(-1, sizes[k]).T  # mean over samples
                                @ scaled.reshape(-1, sizes[k])) / batch
             elif M is not None:
                 MJ_t = M @ J_t[k]
-                H_Xt = H_Xt + J_X[k].swapaxes(1, 2) @ MJ_t
+                H_Xt = H_Xt + J_X[k].swapaxes(1, 2) @ MJ_t if below else None
                 H_tt = H_tt + (J_t[k].reshape(-1, sizes[k]).T  # mean over samples
                                @ MJ_t.reshape(-1, sizes[k])) / batch
             rows = slice(offsets[k], offsets[k + 1])

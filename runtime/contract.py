@@ -160,6 +160,9 @@ def loss_hessian_mixed(params, X, target, wrt=None, part="full"):
     names = _check_wrt(wrt, _parameter_names(), "X" in _GRADIENT)
     if "X" in names:
         raise ValueError(f"wrt: expected parameter names (the rows are X's), got {names}")
+    if "X" not in _GRADIENT:
+        raise ValueError("X: expected an input that is a variable (the rows are X's), got "
+                         "the one-hot rows of token ids, which are data")
     part = _check_part(part)
     ns = _prepare(params, X, target)
     rows = ns["B"] * _size(ns, "X")

@@ -80,7 +80,8 @@ def test_derivatives_in_token_ids_are_refused_by_name():
     ids, T = _batch()
     c = curvgap.curvature(module, "cross_entropy")
     for call in (lambda: c.gradient(ids, T, wrt="X"),
-                 lambda: c.hvp(ids, T, torch.zeros(3, 5 * VOCABULARY, dtype=DTYPE), wrt="X")):
+                 lambda: c.hvp(ids, T, torch.zeros(3, 5 * VOCABULARY, dtype=DTYPE), wrt="X"),
+                 lambda: c.loss_hessian_mixed(ids, T)):
         with pytest.raises(ValueError, match=r"wrt: .*token ids.*inputs_embeds"):
             call()
 
@@ -104,3 +105,24 @@ def test_numpy_and_torch_gather_and_scatter_alike():
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match="v_X: expected None"):
         torch_module.jvp(params, X, v_X=torch.zeros_like(X).reshape(X.shape[0], -1))
+    with pytest.raises(ValueError, match="X: expected an input that is a variable"):
+        torch_module.loss_hessian_mixed(params, X, target)
+
+
+def test_blocks_over_the_token_part_of_a_chained_model_are_autograds():
+    """A model read as several parts, its token table the lowest: blocks over the first part's
+    parameters (the tied table among them) need no derivative in the ids."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=8, n_layer=1, n_head=2, n_positions=5, vocab_size=VOCABULARY,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    module = randomise(GPT2LMHeadModel(config).to(DTYPE).eval())
+    ids = torch.randint(0, VOCABULARY, (2, 5), generator=torch.Generator().manual_seed(5))
+    X, T = ids[:, :-1], ids[:, 1:]
+    c = curvgap.curvature(module, "cross_entropy")
+    wrt = ["transformer.wpe.weight", "transformer.wte.weight"]
+    ref = Reference(module, X, T, "cross_entropy", wrt=wrt, use_cache=False)
+    assert relative(c.loss_hessian(X, T, wrt=wrt, use_cache=False), ref.hessian()) <= 1e-10
+    assert relative(c.diagonal(X, T, wrt=wrt[:1], use_cache=False),
+                    Reference(module, X, T, "cross_entropy", wrt=wrt[:1],
+                              use_cache=False).diagonal()) <= 1e-10
