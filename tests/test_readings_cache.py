@@ -38,8 +38,10 @@ def _data(batch: int = 3, length: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture
-def traces(monkeypatch):
-    """The traces made from now on (module class names)."""
+def traces(monkeypatch, tmp_path):
+    """The traces made from now on (module class names), in a cache of the test's own (the
+    run's shared one may hold these modules' readings already)."""
+    monkeypatch.setenv("CURVGAP_CACHE", str(tmp_path / "cache"))
     made = []
     real = curvature_module.trace
 
