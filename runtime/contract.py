@@ -31,6 +31,7 @@ from .arguments import _check_part, _check_variable, _check_wrt, _require_finite
 from .namespace import (
     _engine_dims,
     _input_direction,
+    _input_is_data,
     _loss_hessian_block,
     _numel,
     _output,
@@ -325,11 +326,9 @@ def _joint_names(wrt, v):
 def _joint_directions(ns, v, v_X, names):
     """Bind the joint direction: ``v`` over the parameters ``names``, ``v_X`` (None: 0)."""
     _parameter_directions(ns, v, names, _JOINT_DIRECTIONS)
-    if "X" not in _JOINT_DIRECTIONS:  # token ids' one-hot rows: data, no direction
-        if v_X is not None:
-            raise ValueError("v_X: expected None: X holds the one-hot rows of token ids "
-                             "here, which are data, not a variable")
-    elif v_X is None:
+    if _input_is_data(v_X):
+        return
+    if v_X is None:
         ns[_JOINT_DIRECTIONS["X"]] = _zeros(ns, (ns["B"],) + _engine_dims("X", ns))
     else:
         _input_direction(ns, v_X, "v_X", _JOINT_DIRECTIONS["X"])

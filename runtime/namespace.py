@@ -10,6 +10,7 @@ from ._module_names import (
     _CONSTANT_DIMS,
     _ENGINE_SHAPES,
     _GROUPS,
+    _JOINT_DIRECTIONS,
     _LOSS_HESSIAN,
     _LOSS_HESSIAN_FULL,
     _WRITES,
@@ -229,6 +230,16 @@ def _result(ns, value, function, quantity):
     """``value`` in the dtype of the inputs; FloatingPointError where it is not finite."""
     inputs = {name: ns[name] for name in ["X", *_parameter_names()]}
     return _checked(value, ns["_dtype"], function, quantity, inputs)
+
+
+def _input_is_data(v_X):
+    """Whether ``X`` is data (token ids' one-hot rows: no direction); ValueError for a ``v_X``."""
+    if "X" in _JOINT_DIRECTIONS:
+        return False
+    if v_X is not None:
+        raise ValueError("v_X: expected None: X holds the one-hot rows of token ids here, "
+                         "which are data, not a variable")
+    return True
 
 
 def _input_direction(ns, v, argument, slot):

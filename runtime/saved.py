@@ -22,7 +22,16 @@ from ._module_names import (
     PARAMS,
 )
 from .arguments import _bind_dims, _check_slots, _dim
-from .namespace import _bind_target, _engine_dims, _output, _prepare, _release, _run, _size
+from .namespace import (
+    _bind_target,
+    _engine_dims,
+    _input_is_data,
+    _output,
+    _prepare,
+    _release,
+    _run,
+    _size,
+)
 
 # the backend's primitives: numpy_arrays.py stands for torch_arrays.py (the same names)
 from .numpy_arrays import _as_array, _into, _zeros
@@ -87,13 +96,9 @@ def jvp_saved(saved, v=None, v_X=None, keep_inner=True):
         else:
             saved[_JOINT_DIRECTIONS[name]] = _zeros(saved, _engine_dims(name, saved))
     batched = (saved["B"],) + _engine_dims("X", saved)
-    if "X" not in _JOINT_DIRECTIONS:  # token ids' one-hot rows: data, no direction
-        if v_X is not None:
-            raise ValueError("v_X: expected None: X holds the one-hot rows of token ids here, "
-                             "which are data, not a variable")
-    elif v_X is None:
+    if v_X is None and not _input_is_data(v_X):
         saved[_JOINT_DIRECTIONS["X"]] = _zeros(saved, batched)
-    else:
+    elif not _input_is_data(v_X):
         value = _as_array(v_X, "v_X", like=saved["X"])
         if tuple(value.shape) != tuple(saved["_like"].shape):
             raise ValueError(f"v_X: expected the shape of X, {tuple(saved['_like'].shape)}, "
@@ -172,7 +177,7 @@ def hvp_saved(saved, target, v_T=None, out=None):
                     else _as_array(v_T, "v_T", like=saved["X"]).reshape(output))
     products = _run_into(saved, "hvp_joint", _JOINT_HVP, out)
     gradient = saved.get(_JOINT_GRADIENT_NODE)
-    if saved.get("_gradient") is not gradient or "_gradient" not in saved:
+    if "_gradient" not in saved or saved["_gradient"] is not gradient:
         # one object while the adjoints stand: the part below, bound to it as its target,
         # then keeps its own adjoints from one direction to the next
         saved["_gradient"] = gradient
