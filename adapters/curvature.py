@@ -19,8 +19,6 @@ every rank's shard under ``torch.distributed`` (:mod:`curvgap.data`).
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import time
 from typing import Any
 
@@ -537,13 +535,20 @@ class Curvature:
         return CurvatureOperator(part_product(product("hvp"), product("gnvp"), part), n,
                                  X_.dtype, X_.device)
 
-    def latex(self, X: torch.Tensor, part: str | None = None, **inputs: Any) -> str:
+    def latex(self, X: torch.Tensor, part: str | None = None,
+              names: dict[str, str | int] | None = None, pdf: str | None = None,
+              **inputs: Any) -> str:
         """The LaTeX document of what curvgap derived for this module with these inputs
-        (every node of its forward pass, its first and second derivatives, the loss Hessian's
-        blocks and the Hessian-vector products, in index form). For a model read as a chain
-        of parts, the document of ``part`` (a block's path such as ``"layers.0"``; default the
-        first block, or the first part)."""
-        from ..codegen.backends.latex import document
+        (every operation of its forward pass, its first derivatives, the loss Hessian's blocks
+        and the Hessian-vector products), written in the module's own names: parameters
+        (``q_proj.weight`` as :math:`W_q`, ``lam`` as :math:`\\lambda`), sizes (from its
+        integer attributes: ``head_dim`` as :math:`d_k`) and intermediates by what they
+        compute. ``names`` overrides any symbol: a tensor by the name the document's symbol
+        table gives it in the code (``{"q.weight": "W_Q"}``), a size by symbol and value
+        (``{"d_k": 3}``). ``pdf``: also compile it there with pdflatex. For a model read as a
+        chain of parts, the document of ``part`` (a block's path such as ``"layers.0"``;
+        default the first block, or the first part)."""
+        from .formulas import module_document
 
         _, _, traced, _ = self._prepared(X, None, inputs, needs_target=False)
         paths = traced.trace.paths
@@ -552,9 +557,12 @@ class Curvature:
         if part not in paths:
             raise ValueError(f"part: expected one of the module's parts {paths}, got {part!r}")
         program = traced.trace.programs[paths.index(part)]
-        name = _identifier(f"{type(self.module).__name__}_{part}" if part else
-                           type(self.module).__name__)
-        return document(dataclasses.replace(program, name=name, scope="blocks"))
+        try:
+            module = self.module.get_submodule(part) if part else self.module
+        except AttributeError:  # a part that is no one submodule (the layers before a block)
+            module = self.module
+        title = type(module).__name__ + (f" ({part})" if part else "")
+        return module_document(module, program, title, names, pdf)
 
     def layer_slices(self, wrt: Any = None) -> dict[str, slice]:
         """Where each of the module's parameters (``wrt``, default those that require a
@@ -566,10 +574,3 @@ class Curvature:
             slices[name] = slice(offset, offset + size)
             offset += size
         return slices
-
-
-def _identifier(name: str) -> str:
-    """``name`` as a Python identifier (it names a document)."""
-    return re.sub(r"\W", "_", name)
-
-

@@ -127,9 +127,10 @@ def _identifier(name: str) -> str:
 def _number(value: float | int | bool) -> sp.Expr:
     """A Python number from a trace as SymPy holds it: an integer as itself; a float as the
     simple number it visibly is when that number rounds to it (a short fraction ``1/2``,
-    ``1/3``, the square root of one: ``1/sqrt(3)`` to the last bit of its float), else the
-    float it is (``0.044715``, ``1e-12``, ``finfo.min``). Never an exact rational of a
-    float's binary value (a 300-digit integer for ``finfo.max``)."""
+    ``1/3``, the square root of one: ``1/sqrt(3)`` to the last bit of its float, or of one
+    over pi: GELU's ``sqrt(2/pi)``), else the float it is (``0.044715``, ``1e-12``,
+    ``finfo.min``). Never an exact rational of a float's binary value (a 300-digit integer
+    for ``finfo.max``)."""
     if isinstance(value, bool | int):
         return sp.Integer(int(value))
     if not math.isfinite(value):
@@ -144,6 +145,11 @@ def _number(value: float | int | bool) -> sp.Expr:
         root = sp.sqrt(sp.Rational(square.numerator, square.denominator))
         root = root if value > 0 else -root
         if abs(float(root) - value) <= math.ulp(value):  # 1/sqrt(3) is rounded twice
+            return root
+        over_pi = fractions.Fraction(value * value * math.pi).limit_denominator(100)
+        root = sp.sqrt(sp.Rational(over_pi.numerator, over_pi.denominator) / sp.pi)
+        root = root if value > 0 else -root
+        if abs(float(root) - value) <= math.ulp(value):  # GELU's sqrt(2/pi)
             return root
     return sp.Float(value, precision=53)  # printed as a float's shortest repr
 

@@ -4,10 +4,7 @@ command's run."""
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ def _latex(name: str, out: str, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it (the
     paths checked already, :mod:`.arguments`)."""
     from ..codegen.backends import latex
+    from ..codegen.backends.latex.pdf import PdfError, compile_pdf
     from ..codegen.generate import GenerationError, is_shipped_folder, render
     from ..codegen.resources import GENERATED, shipped_configs
     from ..derivations.config import load
@@ -45,23 +43,11 @@ def _latex(name: str, out: str, pdf: bool) -> int:
     print(f"wrote {tex}")
     if not pdf:
         return 0
-    if shutil.which("pdflatex") is None:
-        print("curvgap: error: --pdf needs pdflatex (Debian: apt-get install "
-              "texlive-latex-base texlive-latex-recommended)", file=sys.stderr)
-        return 2
-    # pdflatex works in a folder of its own (its .aux, .log, .toc stay there); only the PDF
-    # comes out, whole or not at all
-    with tempfile.TemporaryDirectory(prefix="curvgap-latex-") as work:
-        shutil.copyfile(tex, Path(work) / tex.name)
-        for _ in range(2):  # the second run fills in the table of contents
-            run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                                  tex.name], cwd=work, capture_output=True, text=True)
-            if run.returncode:
-                print(run.stdout[-3000:], file=sys.stderr)
-                print(f"curvgap: error: pdflatex failed on {tex}", file=sys.stderr)
-                return 1
-        with output.replacing(tex.with_suffix(".pdf")) as temporary:
-            shutil.copyfile(Path(work) / tex.with_suffix(".pdf").name, temporary)
+    try:
+        compile_pdf(tex.read_text(encoding="utf-8"), tex.with_suffix(".pdf"))
+    except PdfError as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2 if error.missing else 1
     print(f"wrote {tex.with_suffix('.pdf')}")
     return 0
 

@@ -123,3 +123,33 @@ def activation(name: str) -> ScalarFn:
         "identity": x,
     }
     return ScalarFn(name, expressions[name])
+
+
+_POINTS = (-3.1, -1.3, -0.4, 0.3, 0.9, 2.2)
+_NAMED = ("gelu", "gelu_tanh", "gelu_fast", "quick_gelu", "silu", "tanh", "sigmoid", "softplus")
+
+
+def _values(expr: sp.Expr) -> tuple[complex, ...]:
+    """``expr`` at a few points, to 30 digits (the logistic functions as exponentials)."""
+    expr = expr.rewrite(sp.exp)
+    return tuple(complex(expr.subs(x, p).evalf(30)) for p in _POINTS)
+
+
+@functools.cache
+def _named_values() -> dict[str, tuple[complex, ...]]:
+    return {name: _values(activation(name).expr) for name in _NAMED}
+
+
+def recognised(expr: sp.Expr) -> str | None:
+    """The name of the activation of :func:`activation` that ``expr`` (of :data:`x`) is, to
+    the last bits of its float constants (GPT-2's GELU written out with ``0.044715`` and
+    ``sqrt(2/pi)``), else ``None``."""
+    try:
+        values = _values(expr)
+    except (TypeError, ValueError):
+        return None
+    for name, reference in _named_values().items():
+        if all(abs(v - r) <= 1e-13 * (1 + abs(r)) for v, r in zip(values, reference,
+                                                                  strict=True)):
+            return name
+    return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .functions import ScalarFn, x
+from .functions import ScalarFn, recognised, x
 from .graph import Graph, Guard, Tensor
 from .indexform import Expr, Index
 from .softmax import softmax_rows
@@ -186,7 +186,8 @@ def _node(g: Graph, op: Op, tensors: dict[str, Tensor], dims: dict[str, sp.Symbo
         return g.node(op.out, out, expr)
     tensor, at = read(op.source)
     if op.kind == "map":
-        return g.node(op.out, out, tensor.apply(ScalarFn(op.what or "f", op.fn), *at))
+        label = recognised(op.fn) or op.what or "f"  # GELU written out is still GELU
+        return g.node(op.out, out, tensor.apply(ScalarFn(label, op.fn), *at))
     if op.kind == "softmax":
         assert at == out, "a softmax reads its source at its own labels"
         return softmax_rows(g, tensor, name=op.out, prefix=f"{op.out}_")

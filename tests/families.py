@@ -445,3 +445,56 @@ FAMILIES: dict[str, Callable[[], Case]] = {
     "nn.TransformerDecoderLayer": decoder_layer,
     "nn.TransformerDecoderLayer causal": lambda: decoder_layer(causal=True),
 }
+
+
+# -- blocks no library ships, written as a user would ------------------------------------------
+class DifferentialAttention(torch.nn.Module):
+    """``(softmax(Q₁K₁ᵀ/√d_k) − λ softmax(Q₂K₂ᵀ/√d_k)) V``: one head of differential
+    attention, written as a user would."""
+
+    def __init__(self, d: int, d_k: int) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(d, 2 * d_k, bias=False)
+        self.k = torch.nn.Linear(d, 2 * d_k, bias=False)
+        self.v = torch.nn.Linear(d, d, bias=False)
+        self.lam = torch.nn.Parameter(torch.tensor(0.5))
+        self.d_k = d_k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q1, q2 = self.q(x).chunk(2, dim=-1)
+        k1, k2 = self.k(x).chunk(2, dim=-1)
+        a1 = torch.softmax(q1 @ k1.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
+        a2 = torch.softmax(q2 @ k2.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
+        return (a1 - self.lam * a2) @ self.v(x)
+
+
+class GatedResidual(torch.nn.Module):
+    """``x + σ(x W_g + b_g) ∘ f(x)`` with ``f`` a ReLU MLP."""
+
+    def __init__(self, d: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(d, d)
+        self.f = torch.nn.Sequential(torch.nn.Linear(d, d_ff), torch.nn.ReLU(),
+                                     torch.nn.Linear(d_ff, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.sigmoid(self.gate(x)) * self.f(x)
+
+
+class PreNormBlock(torch.nn.Module):
+    """``x + σ(y G) ∘ (softmax(y W_q (y W_k)ᵀ / τ) y W_v W_o)`` with ``y = LN(x)``: a pre-norm
+    block whose weights are plain parameters named as in a paper."""
+
+    def __init__(self, d: int, d_k: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.W_q, self.W_k, self.W_v = (torch.nn.Parameter(torch.randn(d, d_k)) for _ in "qkv")
+        self.W_o = torch.nn.Parameter(torch.randn(d_k, d))
+        self.gate = torch.nn.Parameter(torch.randn(d, d))
+        self.tau = torch.nn.Parameter(torch.tensor(2.0))
+        self.d_k = d_k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        a = torch.softmax(y @ self.W_q @ (y @ self.W_k).transpose(-1, -2) / self.tau, dim=-1)
+        return x + torch.sigmoid(y @ self.gate) * (a @ y @ self.W_v @ self.W_o)

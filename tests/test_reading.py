@@ -11,46 +11,22 @@ import types
 import pytest
 import sympy as sp
 import torch
-from families import D_FF, DTYPE, HEADS, D, encoder_layer, gpt2_model
+from families import (
+    D_FF,
+    DTYPE,
+    HEADS,
+    D,
+    DifferentialAttention,
+    GatedResidual,
+    encoder_layer,
+    gpt2_model,
+)
 from reference import Reference, randomise, relative
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import curvgap
 from curvgap.adapters import UnsupportedLayer
 from curvgap.adapters.axes import Axis, Changes, ShapeError, Size, align, regroup
-
-
-class DifferentialAttention(torch.nn.Module):
-    """``(softmax(Q₁K₁ᵀ/√d_k) − λ softmax(Q₂K₂ᵀ/√d_k)) V``: one head of differential
-    attention, written as a user would."""
-
-    def __init__(self, d: int, d_k: int) -> None:
-        super().__init__()
-        self.q = torch.nn.Linear(d, 2 * d_k, bias=False)
-        self.k = torch.nn.Linear(d, 2 * d_k, bias=False)
-        self.v = torch.nn.Linear(d, d, bias=False)
-        self.lam = torch.nn.Parameter(torch.tensor(0.5))
-        self.d_k = d_k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q1, q2 = self.q(x).chunk(2, dim=-1)
-        k1, k2 = self.k(x).chunk(2, dim=-1)
-        a1 = torch.softmax(q1 @ k1.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
-        a2 = torch.softmax(q2 @ k2.transpose(-1, -2) / self.d_k ** 0.5, dim=-1)
-        return (a1 - self.lam * a2) @ self.v(x)
-
-
-class GatedResidual(torch.nn.Module):
-    """``x + σ(x W_g + b_g) ∘ f(x)`` with ``f`` a ReLU MLP."""
-
-    def __init__(self, d: int, d_ff: int) -> None:
-        super().__init__()
-        self.gate = torch.nn.Linear(d, d)
-        self.f = torch.nn.Sequential(torch.nn.Linear(d, d_ff), torch.nn.ReLU(),
-                                     torch.nn.Linear(d_ff, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.sigmoid(self.gate(x)) * self.f(x)
 
 
 def rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

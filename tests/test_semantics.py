@@ -123,13 +123,13 @@ def test_gpt_neo_as_shipped_masks_with_finfo_min_and_is_exact(layer):
 @pytest.mark.parametrize("value, expected", [
     (0.5, sp.Rational(1, 2)), (1 / 3, sp.Rational(1, 3)), (1 / math.sqrt(3), sp.sqrt(3) / 3),
     (-1e4, sp.Integer(-10000)), (2.0, sp.Integer(2)), (1 / math.sqrt(64), sp.Rational(1, 8)),
+    (math.sqrt(2 / math.pi), sp.sqrt(2) / sp.sqrt(sp.pi)),  # GELU's, written out by GPT-2
 ])
 def test_a_float_is_the_simple_number_it_visibly_is(value, expected):
     assert _number(value) == expected
 
 
-@pytest.mark.parametrize("value", [0.044715, 1e-12, F64.min, F64.max, 0.7978845608028654,
-                                   5e-324])
+@pytest.mark.parametrize("value", [0.044715, 1e-12, F64.min, F64.max, 0.7978845608028, 5e-324])
 def test_any_other_float_is_the_float_it_is_and_prints_so(value):
     number = _number(value)
     assert isinstance(number, sp.Float) and float(number) == value

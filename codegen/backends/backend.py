@@ -48,11 +48,11 @@ class Backend:
         """Whether its files are modules of the generated-module contract (verified)."""
         return self.from_torch is not None
 
-    def render(self, der: Derivation) -> str:
-        """The body of ``der``'s file (below the header)."""
+    def render(self, der: Derivation, **options: Any) -> str:
+        """The body of ``der``'s file (below the header); ``options`` go to ``context``."""
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader([TEMPLATES / f for f in self.templates]),
             keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False,
             **self.delimiters)
-        text = env.get_template(self.template).render(**self.context(der, self))
+        text = env.get_template(self.template).render(**self.context(der, self, **options))
         return text.lstrip("\n")

@@ -4,8 +4,11 @@ prints one expression."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ....derivations.config import Config
 from ....derivations.derivation import Derivation, derive
+from ....derivations.program import Program
 from ..backend import Backend
 from .document import document_context
 from .printer import LatexPrinter, latex
@@ -20,10 +23,12 @@ BACKEND = Backend(
 )
 
 
-def document(source: Config | Derivation) -> str:
-    """The LaTeX document of a config (or of its derivation), without the generated-file
-    header."""
-    return BACKEND.render(source if isinstance(source, Derivation) else derive(source))
+def document(source: Config | Program | Derivation, **options: Any) -> str:
+    """The LaTeX document of a config or a module's program (or of its derivation), without
+    the generated-file header; ``options`` (a program's ``attributes`` and ``names``) go to
+    :func:`.document.document_context`."""
+    der = source if isinstance(source, Derivation) else derive(source)
+    return BACKEND.render(der, **options)
 
 
 __all__ = ["BACKEND", "document", "latex"]

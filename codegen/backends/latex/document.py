@@ -8,7 +8,7 @@ form; the template ``templates/latex/document.tex.jinja`` lays them out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -20,9 +20,11 @@ from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
 from ....derivations.indexform import Index
 from ....derivations.paper import WEIGHTS, BlockObjects
+from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
-from .printer import LatexPrinter, Notation, Symbol, base_symbol, variable_symbol, width
+from .names import program_names, size_hints
+from .printer import LatexPrinter, Notation, Symbol, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -73,6 +75,24 @@ def _function_lines(expr: sp.Expr, lhs: str) -> list[str]:
     return _pack(chunks, lhs)
 
 
+def _functions(functions: dict[str, sp.Expr]) -> list[tuple[str, list[str]]]:
+    """The named elementwise functions' definitions, an inner function that several of them
+    apply a function to (GELU's ``tanh`` and ``sech`` argument) named ``u`` once, first."""
+    inner: dict[sp.Expr, sp.Symbol] = {}
+    for expr in functions.values():
+        for call in sorted(expr.atoms(sp.Function), key=sp.default_sort_key):
+            argument = call.args[0] if call.args else None
+            if (argument is not None and not argument.is_Atom and argument not in inner
+                    and width(sp.latex(argument)) > 12):
+                inner[argument] = sp.Symbol("u(x)" if not inner else f"u_{{{len(inner) + 1}}}(x)")
+    lines = [(sp.latex(u), _function_lines(argument, sp.latex(u)))
+             for argument, u in inner.items()]
+    for name, expr in functions.items():
+        reduced = expr.xreplace(inner) if inner else expr
+        lines.append((rf"{name}(x)", _function_lines(reduced, rf"{name}(x)")))
+    return lines
+
+
 def _pack(chunks: list[list[str]], lhs: str) -> list[str]:
     budget = LINE - width(lhs) - 2
     lines, current = [], ""
@@ -88,12 +108,18 @@ def _pack(chunks: list[list[str]], lhs: str) -> list[str]:
     return lines
 
 
-def _size_text(dims: Iterable[sp.Expr]) -> str:
-    dims = list(dims)
-    if not dims:
+def _size_text(dims: Iterable[sp.Expr], notation: Notation, joint: str = " ") -> str:
+    """The product of ``dims`` (``(L d)``; ``\\cdot`` between two numbers), or their list
+    joined by ``joint``."""
+    printed = [LatexPrinter(notation).doprint(d) for d in dims]
+    if not printed:
         return "1"
-    text = " ".join(sp.latex(d) for d in dims)
-    return f"({text})" if len(dims) > 1 else text
+    if joint != " ":
+        return joint.join(printed)
+    text = printed[0]
+    for before, after in zip(printed, printed[1:], strict=False):
+        text += (r" \cdot " if before[-1].isdigit() and after[0].isdigit() else " ") + after
+    return f"({text})" if len(printed) > 1 else text
 
 
 class Builder:
@@ -135,12 +161,12 @@ class Builder:
             source = expr.terms[0].factors[0]
             lhs_source = printer.doprint(source)
             lines = [rf"\max_{{{printer.index_name(source.indices[-1])}}} {lhs_source}"]
-            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape, self.notation),
                            "a constant shift (not differentiated)", note)
         if assign.reduction == "causal":
             i, j = (printer.index_name(k) for k in target.indices)
             lines = [rf"0 \text{{ if }} {j} \le {i}, \quad -\infty \text{{ if }} {j} > {i}"]
-            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape, self.notation),
                            "the causal mask (a constant)", note)
         if assign.reduction == "rotary":
             i, s_, t, m = (printer.index_name(k) for k in target.indices)
@@ -150,7 +176,7 @@ class Builder:
             lines = [rf"\cos({angle})\, \delta_{{{s_}{t}}} + \sin({angle})\, "
                      rf"\epsilon_{{{s_}{t}}}, \quad \epsilon = "
                      r"\begin{pmatrix} 0 & -1 \\ 1 & 0 \end{pmatrix}"]
-            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape, self.notation),
                            "the rotary rotations (a constant; the first two chunks of a head "
                            "turn, any others are the identity"
                            + ("" if kind == "none" else
@@ -159,27 +185,27 @@ class Builder:
         if assign.reduction == "relative":
             i, j, u = (printer.index_name(k) for k in target.indices)
             lines = [rf"\delta_{{{u}\, \operatorname{{bucket}}({j} - {i})}}"]
-            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape, self.notation),
                            "the relative-position buckets (a constant; T5's, up to "
                            f"distance {assign.relative[0]})", note)
         if assign.reduction in ("rows_mean", "rows_first", "rows_rest"):
             o, i = (printer.index_name(k) for k in target.indices)
             lines = [{"rows_mean": r"\frac{1}{L}", "rows_first": rf"\delta_{{{i} 0}}",
                       "rows_rest": rf"1 - \delta_{{{i} 0}}"}[assign.reduction]]
-            return Formula(lhs, lines, symbol, None, _size_text(target.shape),
+            return Formula(lhs, lines, symbol, None, _size_text(target.shape, self.notation),
                            "weights over the rows (a constant; $n_1 = 1$)", note)
         layout = self.matrix(assign)
         matrix = None
         if layout is not None:
             rows, cols, matrix = layout
-            shape = (rf"{_size_text(i.dim for i in rows)} \times "
-                     rf"{_size_text(i.dim for i in cols)}")
+            shape = (rf"{_size_text((i.dim for i in rows), self.notation)} \times "
+                     rf"{_size_text((i.dim for i in cols), self.notation)}")
             described = (f"rows ${', '.join(printer.index_name(i) for i in rows)}$, " if rows
                          else "one row, ")
             described += (f"columns ${', '.join(printer.index_name(i) for i in cols)}$" if cols
                           else "one column")
         else:
-            shape = r" \times ".join(sp.latex(i.dim) for i in target.indices)
+            shape = _size_text((i.dim for i in target.indices), self.notation, r" \times ")
             described = "a tensor of order " + str(len(target.indices))
         matrix_lhs = matrix_lhs or symbol
         return Formula(
@@ -192,32 +218,34 @@ class Builder:
         """``assigns`` as blocks by sublayer, in order, merging runs of one sublayer."""
         out: list[Block] = []
         for assign in assigns:
-            title = (titles or {}).get(assign.target.name) or assign.sublayer or "Parameters"
+            title = ((titles or {}).get(assign.target.name)
+                     or assign.sublayer.replace("_", r"\_") or "Parameters")
             if not out or out[-1].title != title:
                 out.append(Block(title))
             out[-1].formulas.append(self.formula(assign))
         return out
 
 
-def _notation(der: Derivation) -> Notation:
-    """Symbols for every derived tensor of ``der``, from its groups."""
-    notation = Notation()
+def _notation(der: Derivation, notation: Notation | None = None) -> Notation:
+    """Symbols for every derived tensor of ``der``, from its groups, added to ``notation``
+    (which holds the base symbols; default a new one)."""
+    notation = notation or Notation()
     graph = der.graph
     forward = [a.target.name for a in graph.assigns if a.group in ("forward", "loss")]
     variables = [v.name for v in der.variables]
     for v in variables:
-        sup = variable_symbol(v)
+        sup = notation(v)
         for node in forward:
             notation.derived(f"d{node}_{v}", node, "dot", sup)
         notation.symbols[f"jacobian_{v}"] = rf"\frac{{\partial Z}}{{\partial {sup}}}"
         notation.symbols[f"hvp_{v}"] = rf"(Hv)_{{{sup}}}"
         notation.symbols[f"v_{v}"] = rf"v_{{{sup}}}"
         for w in variables:
-            both = f"{sup},{variable_symbol(w)}"
+            both = f"{sup},{notation(w)}"
             for node in forward:
                 notation.derived(f"d2{node}_{v}{w}", node, "ddot", both)
             notation.symbols[f"output_hessian_{v}_{w}"] = (
-                rf"\frac{{\partial^2 Z}}{{\partial {sup}\,\partial {variable_symbol(w)}}}")
+                rf"\frac{{\partial^2 Z}}{{\partial {sup}\,\partial {notation(w)}}}")
             notation.symbols[f"gauss_newton_{v}_{w}"] = rf"H^{{\mathrm{{GN}}}}_{{{both}}}"
             notation.symbols[f"functional_{v}_{w}"] = rf"H^{{\mathrm{{F}}}}_{{{both}}}"
     for assign in graph.assigns:
@@ -225,8 +253,12 @@ def _notation(der: Derivation) -> Notation:
             _centred_notation(notation, assign.target.name, assign.rule.source, variables)
     for name in [*forward, *variables]:
         notation.derived(f"g_{name}", name, "bar", "")
+        base = notation.base(name)
         for label in ("params", "X"):
             notation.derived(f"d{name}_v{label}", name, "dot", "v")
+            notation.symbols[f"dg_{name}_v{label}"] = Symbol(  # the adjoint's tangent
+                rf"\bar{{{base.head}}}", base.sub, ",".join(s for s in (base.sup, "v") if s),
+                "dot").latex()
     return notation
 
 
@@ -234,21 +266,23 @@ def _centred_notation(notation: Notation, node: str, source: str, variables: lis
     """Symbols of a softmax node's centred factors (a ring on the head): ``dc<A>_<v>`` the
     centred tangent of its argument, ``d2c<A>_<vw>`` the centred second tangent (``_2``,
     ``_3`` its further coefficient classes), ``gc_<A>`` the centred adjoint."""
-    argument, output = base_symbol(source), base_symbol(node)
+    argument, output = notation.base(source), notation.base(node)
 
     def ring(accent: str, sup: str, part: int = 1) -> str:
         sub = ",".join(s for s in (argument.sub, str(part) if part > 1 else "") if s)
         return Symbol(rf"\{accent}{{{argument.head}}}", sub, sup, "mathring").latex()
 
     for v in variables:
-        notation.symbols[f"dc{node}_{v}"] = ring("dot", variable_symbol(v))
+        notation.symbols[f"dc{node}_{v}"] = ring("dot", notation(v))
         for w in variables:
-            both = f"{variable_symbol(v)},{variable_symbol(w)}"
+            both = f"{notation(v)},{notation(w)}"
             for part in (1, 2, 3):
                 suffix = "" if part == 1 else f"_{part}"
                 notation.symbols[f"d2c{node}_{v}{w}{suffix}"] = ring("ddot", both, part)
     for label in ("params", "X"):
         notation.symbols[f"dc{node}_v{label}"] = ring("dot", "v")
+        notation.symbols[f"dgc_{node}_v{label}"] = Symbol(
+            rf"\dot{{\bar{{{output.head}}}}}", output.sub, "v", "mathring").latex()
     notation.symbols[f"gc_{node}"] = Symbol(rf"\bar{{{output.head}}}", output.sub, "",
                                             "mathring").latex()
 
@@ -287,23 +321,45 @@ form in which the softmax's derivatives are computed.
 """
 
 
-def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, str, str]]:
-    """Inputs, parameters, target, constants and the network's nodes, with their shapes."""
+def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, ...]]:
+    """Inputs, parameters, target, constants and the network's nodes, with their shapes
+    (and, for a module's program, the name each has in the module or the program: what
+    ``names=`` overrides)."""
     roles = {"input": "input", "param": "parameter", "target": "target",
              "constant": "constant", "node": "node"}
     network = {a.target.name for a in der.graph.assigns if a.group in ("forward", "loss")}
+    program = der.config if isinstance(der.config, Program) else None
+    sources = {p.name: p.source for p in program.params} if program else {}
     rows = []
     for tensor in der.graph.tensors.values():
         if tensor.name in network or tensor.role in ("input", "param", "target"):
-            shape = r" \times ".join(sp.latex(d) for d in tensor.shape) or "1 (scalar)"
-            rows.append((f"${notation(tensor.name)}$", f"${shape}$", roles[tensor.role]))
+            times = r" \times "
+            shape = (f"${_size_text(tensor.shape, notation, times)}$" if tensor.shape
+                     else "$1$ (a scalar)")
+            row = (f"${notation(tensor.name)}$", shape, roles[tensor.role])
+            if program:
+                code = sources.get(tensor.name) or tensor.name
+                row += (rf"\texttt{{{code.replace('_', chr(92) + '_')}}}",)
+            rows.append(row)
     return rows
 
 
-def document_context(der: Derivation, backend: Backend) -> dict:
+def document_context(der: Derivation, backend: Backend, attributes: Mapping[str, int] = {},
+                     names: Mapping[str, str | int] = {}) -> dict:
     """Everything the LaTeX template needs for ``der``: title, architecture, sections, each
-    formula printed by ``backend``'s printer."""
-    notation = _notation(der)
+    formula printed by ``backend``'s printer. A program read from a module is written in its
+    names (:mod:`.names`): ``attributes`` are the module's integer attributes (they name
+    sizes), ``names`` the caller's own symbols."""
+    notation = Notation()
+    if isinstance(der.config, Program):
+        bases, sizes = program_names(der.config, size_hints(attributes), names)
+        dims = der.config.dims()
+        notation.bases.update(bases)
+        notation.sizes.update({dims[name]: text for name, text in sizes.items()})
+    elif names:
+        raise ValueError("names: a config's document is written in its own names; names= is "
+                         f"for a module's, got {dict(names)!r}")
+    _notation(der, notation)
     builder = Builder(der.graph, notation, der.directions(), backend.printer)
     sections = [_architecture(der, builder), _first_derivatives(der, builder),
                 _second_derivatives(der, builder), _gradient(der, builder),
@@ -312,13 +368,15 @@ def document_context(der: Derivation, backend: Backend) -> dict:
             and der.config.norm_position == "post"):
         sections.append(_paper_objects(der, notation, backend.printer))
     sections.append(_hessian_vector_products(der, builder))
+    sections = [s for s in sections if s.blocks]
     title, description = describe(der.config)
-    functions = [(rf"{name}(x)", _function_lines(expr, rf"{name}(x)"))
-                 for name, expr in notation.functions.items()]
+    functions = _functions(notation.functions)
+    program = isinstance(der.config, Program)
     return dict(
-        name=der.config.name, title=title, architecture=description.split("\n"),
+        name=der.config.name, heading=title if program else f"{der.config.name}: {title}",
+        architecture=[] if program else description.split("\n"),
         notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
-        functions=functions,
+        code_names=program, functions=functions,
         sections=sections, shares=[(s.title, *s.counts) for s in sections],
         total=tuple(map(sum, zip(*(s.counts for s in sections)))))
 
@@ -343,7 +401,7 @@ def _first_derivatives(der: Derivation, builder: Builder) -> Section:
                                      {f"jacobian_{v}": "Output Jacobian"})
         block_list += builder.blocks(group(f"loss_tangent_{v}"))
         for block in block_list:
-            block.title = f"${variable_symbol(v)}$: {block.title}"
+            block.title = f"${builder.notation(v)}$: {block.title}"
         section.blocks += block_list
     return section
 
@@ -361,7 +419,7 @@ def _second_derivatives(der: Derivation, builder: Builder) -> Section:
             block_list = builder.blocks(der.graph.in_group(f"second_{v}_{w}"),
                                         {f"output_hessian_{v}_{w}": "Output Hessian"})
             for block in block_list:
-                block.title = (f"${variable_symbol(v)}, {variable_symbol(w)}$: "
+                block.title = (f"${builder.notation(v)}, {builder.notation(w)}$: "
                                f"{block.title}")
             section.blocks += block_list
     return section
@@ -387,7 +445,7 @@ def _loss_hessian(der: Derivation, builder: Builder) -> Section:
                       r"adjoints before expanding. Parameter blocks are averaged over the "
                       r"batch; the $X, X$ block is per sample.")
     for v, w in der.nodes("loss_hessian"):
-        block = Block(f"${variable_symbol(v)}, {variable_symbol(w)}$")
+        block = Block(f"${builder.notation(v)}, {builder.notation(w)}$")
         for assign in der.graph.in_group(f"loss_hessian_{v}_{w}"):
             block.formulas.append(builder.formula(
                 assign, note="averaged over the batch" if assign.mean_over_batch else ""))
@@ -443,7 +501,7 @@ def _paper_objects(der: Derivation, notation: Notation,
             notation.derived(node, node[2:-len("_paper_SS")], "ddot", "S,S")
         elif group.startswith("paper_") and node.endswith(f"_{group}"):
             notation.derived(node, node[1:-len(group) - 1], "dot",
-                             variable_symbol(group[len("paper_"):]))
+                             notation(group[len("paper_"):]))
     builder = Builder(objects.graph, notation, directions, printer)
     for name in symbols:
         block = Block(f"${symbols[name]}$")

@@ -21,7 +21,11 @@ from ....derivations.functions import ScalarFn
 from ....derivations.functions import x as fn_variable
 from ....derivations.indexform import Apply, Delta, Expr, Index, Ref, Term
 
-GREEK = {"mu": r"\mu", "gamma": r"\gamma", "beta": r"\beta", "ell": r"\ell", "sigma": r"\sigma"}
+GREEK = {name: "\\" + name for name in (
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "pi", "rho", "sigma", "tau", "phi", "chi", "psi", "omega",
+    "ell", "Gamma", "Delta", "Theta", "Lambda", "Xi", "Pi", "Sigma", "Phi", "Psi", "Omega")}
+GREEK |= {"lam": r"\lambda", "eps": r"\epsilon"}
 LETTERS = {"rows": "ijklmn", "first": "pqu", "second": "rtv", "summed": "abcefgh"}
 
 
@@ -56,10 +60,6 @@ def base_symbol(name: str) -> Symbol:
     return Symbol(head, sub, sup)
 
 
-def variable_symbol(name: str) -> str:
-    return base_symbol(name).latex()
-
-
 #: Elementwise functions printed wider than this are named, and defined apart.
 LONG_FUNCTION = 18
 
@@ -71,6 +71,14 @@ class Notation:
 
     symbols: dict[str, str] = field(default_factory=dict)
     functions: dict[str, sp.Expr] = field(default_factory=dict)
+    #: base symbols chosen for tensors (a module's names), where :func:`base_symbol` would not do
+    bases: dict[str, Symbol] = field(default_factory=dict)
+    #: size symbols printed otherwise than their names (``n3`` as ``d_k``, or ``2``)
+    sizes: dict[sp.Symbol, str] = field(default_factory=dict)
+
+    def base(self, name: str) -> Symbol:
+        """The base symbol of the tensor ``name``."""
+        return self.bases.get(name) or base_symbol(name)
 
     def function(self, fn: ScalarFn) -> str | None:
         """The name under which ``fn`` prints, when its formula is too long to inline."""
@@ -86,10 +94,10 @@ class Notation:
         return name
 
     def __call__(self, name: str) -> str:
-        return self.symbols.get(name) or base_symbol(name).latex()
+        return self.symbols.get(name) or self.base(name).latex()
 
     def derived(self, name: str, node: str, accent: str, sup: str) -> None:
-        symbol = base_symbol(node)
+        symbol = self.base(node)
         sup = ",".join(s for s in (symbol.sup, sup) if s)
         self.symbols[name] = Symbol(symbol.head, symbol.sub, sup, accent).latex()
 
@@ -99,8 +107,8 @@ class LatexPrinter(SympyLatexPrinter):
 
     def __init__(self, notation: Notation | None = None,
                  letters: dict[Index, str] | None = None) -> None:
-        super().__init__({"mul_symbol": None})
         self.notation = notation or Notation()
+        super().__init__({"mul_symbol": None, "symbol_names": self.notation.sizes})
         self.letters = dict(letters or {})
 
     # -- indices -------------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""A module's formulas in its own names: parameters, sizes and intermediates as a researcher
+would write them, no symbol the engine made up, a document that compiles cleanly, and
+``names=`` overriding any symbol."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from families import D_FF, DTYPE, D, DifferentialAttention, GatedResidual, PreNormBlock, gpt2_block
+from reference import randomise
+
+import curvgap
+from curvgap.codegen.backends.latex import pdf as pdf_module
+from curvgap.codegen.backends.latex.document import Builder, _notation
+from curvgap.derivations import evaluate, sizes
+from curvgap.derivations.derivation import derive
+
+PDFLATEX = shutil.which("pdflatex")
+
+#: what an engine-made symbol looks like: an ATen operation's name, an engine prefix, a size
+#: named by its value, a selection table
+ENGINE_MADE = re.compile(
+    r"\\mathrm\{(linear|chunk|matmul|mul|sub|add|addmm|split|softmax|layer|dg|dgc|div|"
+    r"sigmoid|select|scores|norm\w*v)\w*\}|\\mathrm\{\w*(v(X|params)|weight|bias)\}|n_\{\d|\[c_|"
+    r"\\operatorname\{(addmm|linear|matmul|mul|add|f)\}")
+
+
+def _x(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 5, D, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+
+
+def _blocks() -> dict[str, tuple[torch.nn.Module, torch.Tensor, list[str]]]:
+    """Each block, its input, and symbols its document must use."""
+    gpt2 = gpt2_block()
+    return {
+        "differential attention": (randomise(DifferentialAttention(D, 3).to(DTYPE)), _x(),
+                                   [r"W_{q}", r"\lambda", r"d_k", r"Q_{1}", r"K_{2}",
+                                    r"A_{2}", r"e_{1}"]),
+        "gated residual": (randomise(GatedResidual(D, D_FF).to(DTYPE)), _x(),
+                           [r"W_{\mathrm{gate}}", r"b_{\mathrm{gate}}", r"W_{\mathrm{f0}}"]),
+        "pre-norm block": (randomise(PreNormBlock(D, 3).to(DTYPE)), _x(),
+                           [r"W_{q}", r"W_{o}", r"\tau", r"\mathrm{gate}",
+                            r"\gamma_{\mathrm{norm}}", r"d_k", r"\mu", r"A"]),
+        "GPT-2 block": (gpt2.module, gpt2.X,
+                        [r"\gamma_{\mathrm{ln1}}", r"W_{\mathrm{attn}}", r"h \times d_k",
+                         r"d_{ff}", r"$Q$", r"\operatorname{gelu-tanh}", r"\sqrt{\pi}",
+                         r"0.044715"]),
+    }
+
+
+BLOCKS = ["differential attention", "gated residual", "pre-norm block", "GPT-2 block"]
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_a_modules_document_is_written_in_its_names(name, tmp_path):
+    module, X, expected = _blocks()[name]
+    tex = curvgap.curvature(module).latex(X)
+    assert not ENGINE_MADE.search(tex), sorted(set(m.group(0) for m in ENGINE_MADE.finditer(tex)))
+    missing = [symbol for symbol in expected if symbol not in tex]
+    assert not missing, missing
+    title = re.search(r"\\title\{(.*)\}", tex).group(1)
+    assert title.count(type(module).__name__) == 1, title
+    # no section without a subsection or a formula under it
+    bodies = re.split(r"\\section\{", tex)[2:]
+    assert all(re.search(r"\\subsection|\\begin\{", b) for b in bodies)
+    if PDFLATEX:
+        (tmp_path / "block.tex").write_text(tex)
+        for _ in range(2):
+            run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                                  "block.tex"], cwd=tmp_path, capture_output=True, text=True)
+            assert run.returncode == 0, run.stdout[-2000:]
+        assert "Undefined control sequence" not in run.stdout
+        assert "Overfull \\hbox" not in run.stdout, [
+            line for line in run.stdout.splitlines() if "Overfull" in line][:5]
+
+
+def test_names_override_symbols_and_sizes():
+    module, X, _ = _blocks()["differential attention"]
+    c = curvgap.curvature(module)
+    tex = c.latex(X, names={"q.weight": r"W_{Q}", "lam": r"\lambda_1", "softmax": "P", "m": 3})
+    assert r"W_{Q}" in tex and r"W_{q}" not in tex
+    assert r"\lambda_{1}" in tex or r"\lambda_1" in tex
+    assert r"$P$ & $L \times L$" in tex
+    assert r"L \times m" in tex and "d_k" not in tex
+    # a derived symbol follows its tensor's: the derivative along W_Q
+    assert r"^{W_{Q}}" in tex
+
+
+@pytest.mark.parametrize("names, message", [
+    ({"no_such.weight": "W"}, "names: 'no_such.weight' names no tensor of this module"),
+    ({"q.weight": "W_{q"}, "names['q.weight']: expected a LaTeX symbol"),
+    ({"q.weight": 3.5}, "names['q.weight']: expected a LaTeX symbol (str) or a size (int)"),
+    ({"d_k": 99}, "names: the size 'd_k' = 99: expected one of the module's sizes"),
+    ("W_q", "names: expected a dict of symbols, got str"),
+])
+def test_bad_names_are_refused_by_name(names, message):
+    module, X, _ = _blocks()["differential attention"]
+    with pytest.raises(ValueError) as error:
+        curvgap.curvature(module).latex(X, names=names)
+    assert message in str(error.value)
+
+
+@pytest.mark.skipif(PDFLATEX is None, reason="pdflatex missing")
+def test_latex_compiles_into_a_pdf(tmp_path):
+    module, X, _ = _blocks()["gated residual"]
+    target = tmp_path / "gated.pdf"
+    tex = curvgap.curvature(module).latex(X, pdf=target)
+    assert tex.startswith(r"\documentclass")
+    assert target.read_bytes().startswith(b"%PDF")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gated.pdf"]
+
+
+def test_latex_without_pdflatex_says_so(tmp_path, monkeypatch):
+    module, X, _ = _blocks()["gated residual"]
+    monkeypatch.setattr(pdf_module.shutil, "which", lambda name: None)
+    with pytest.raises(pdf_module.PdfError, match="pdf: compiling needs pdflatex, which is "
+                                                  "not installed"):
+        curvgap.curvature(module).latex(X, pdf=tmp_path / "x.pdf")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_every_matrix_form_of_a_modules_document_equals_its_index_form(name):
+    """As for the shipped configs (``test_latex.py``): each matrix form, evaluated with
+    explicit Kronecker, commutation and diag matrices at the module's sizes, equals the
+    engine's index form entry by entry."""
+    module, X, _ = _blocks()[name]
+    _, _, traced, _ = curvgap.curvature(module)._prepared(X, None, {}, needs_target=False)
+    program = dataclasses.replace(traced.trace.programs[0], scope="blocks")
+    der = derive(program)
+    dims = {symbol: X.shape[1] if value is None else value
+            for symbol, (_, value) in zip(program.dims().values(), program.sizes, strict=True)}
+    dims[sizes.R] = 3  # the columns of a matrix of directions
+    rng = np.random.default_rng(0)
+    values = {t.name: rng.standard_normal([int(s.subs(dims)) for s in t.shape])
+              for t in der.graph.tensors.values()
+              if t.role in ("input", "param", "target", "direction", "constant")}
+    values = evaluate.evaluate(der.graph, der.graph.assigns, values, dims)
+    builder = Builder(der.graph, _notation(der), der.directions())
+    checked = 0
+    for assign in der.graph.assigns:
+        matrix = builder.matrix(assign)
+        if matrix is None or matrix[2] is None:
+            continue
+        rows, cols, form = matrix
+        order = [assign.target.indices.index(i) for i in rows + cols]
+        array = values[assign.target.name]
+        n_rows = int(np.prod([array.shape[assign.target.indices.index(i)] for i in rows]))
+        expected = np.transpose(array, order).reshape(n_rows, -1)
+        np.testing.assert_allclose(form.evaluate(values, dims), expected, rtol=1e-12,
+                                   atol=1e-12, err_msg=assign.target.name)
+        checked += 1
+    assert checked >= 20
