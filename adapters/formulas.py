@@ -39,7 +39,7 @@ def module_document(module: torch.nn.Module, program: Program, title: str,
     if names is not None and not isinstance(names, Mapping):
         raise ValueError(f"names: expected a dict of symbols, got {type(names).__name__}")
     program = dataclasses.replace(program, name=re.sub(r"\W", "_", title), title=title,
-                                  scope="blocks")
+                                  scope="all")  # with the output Hessians the blocks cite
     text = document(program, attributes=size_attributes(module), names=dict(names or {}))
     if pdf is not None:
         compile_pdf(text, Path(pdf))

@@ -96,8 +96,9 @@ class Program:
     #: ``scale`` (a normalisation with ``eps = 0``)
     guards: tuple[tuple[str, str, str], ...] = ()
     #: what is derived: ``"products"`` (loss, gradient, Hessian- and Gauss–Newton-vector
-    #: products, the pieces chains compose) or ``"blocks"`` (those and the Jacobians,
-    #: loss-Hessian blocks, diagonals and Kronecker factors)
+    #: products, the pieces chains compose), ``"blocks"`` (those and the Jacobians,
+    #: loss-Hessian blocks, diagonals and Kronecker factors) or ``"all"`` (those and the
+    #: output Hessians ``∂²Z/∂V∂W``, which a document states)
     scope: str = "blocks"
     #: ``X`` holds the one-hot rows of token ids: data, not a variable (autograd takes no
     #: derivative in integer ids either), its products printed as gathers and scatters of rows

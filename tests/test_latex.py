@@ -15,7 +15,7 @@ from conftest import SHIPPED, as_numpy, generated_module, to_backend
 from curvgap.cli import main
 from curvgap.codegen.backends.latex import BACKEND as LATEX
 from curvgap.codegen.backends.latex import document, latex
-from curvgap.codegen.backends.latex.document import Builder, _notation
+from curvgap.codegen.backends.latex.document import _notation, builder_for
 from curvgap.codegen.generate import render
 from curvgap.codegen.resources import GENERATED
 from curvgap.derivations import evaluate, matrixform, sizes
@@ -61,7 +61,7 @@ def test_every_matrix_form_equals_its_index_form(name):
     der = derive(SHIPPED[name])
     dims = _sizes(der.config)
     values = _sample_values(der, dims, np.random.default_rng(0))
-    builder = Builder(der.graph, _notation(der), der.directions())
+    builder = builder_for(der, _notation(der))
     checked = 0
     for assign in der.graph.assigns:
         matrix = builder.matrix(assign)
@@ -78,7 +78,7 @@ def test_every_matrix_form_equals_its_index_form(name):
 def test_gauss_newton_VV_of_self_attention_is_a_kronecker_product():
     """``H^GN_{V,V} = (2/(L d)) (Ḟ^V)^T Ḟ^V ⊗ I_d`` with ``Ḟ^V = A X``, as in the paper."""
     der = derive(SHIPPED["self_attention"])
-    builder = Builder(der.graph, _notation(der), der.directions())
+    builder = builder_for(der, _notation(der))
     (assign,) = [a for a in der.graph.assigns if a.target.name == "gauss_newton_W_V_W_V"]
     form = builder.matrix(assign)[2]
     assert isinstance(form, matrixform.MatScaled) and isinstance(form.arg, matrixform.MatKron)
@@ -102,7 +102,7 @@ def test_printed_matrix_form_equals_generated_code(name, output, method, backend
     config = SHIPPED[name]
     der = derive(config)
     dims = _sizes(config)
-    builder = Builder(der.graph, _notation(der), der.directions())
+    builder = builder_for(der, _notation(der))
     (assign,) = [a for a in der.graph.assigns if a.target.name == output]
     rows, cols, form = builder.matrix(assign)
     assert form is not None

@@ -18,7 +18,7 @@ from ....derivations.config import Config
 from ....derivations.derivation import Derivation
 from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
-from ....derivations.indexform import Index
+from ....derivations.indexform import Index, Ref
 from ....derivations.paper import WEIGHTS, BlockObjects
 from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
@@ -127,8 +127,10 @@ class Builder:
 
     def __init__(self, graph: Graph, notation: Notation,
                  directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]],
-                 printer: type[LatexPrinter] = LatexPrinter) -> None:
+                 printer: type[LatexPrinter] = LatexPrinter,
+                 forms: dict[str, mf.MatExpr] | None = None) -> None:
         self.graph = graph
+        self.forms = forms or {}  # matrix forms stated otherwise, where no rule applies
         self.printer = printer
         self.notation = notation
         self.directions = directions
@@ -147,7 +149,13 @@ class Builder:
             return None
         indices = assign.target.indices
         rows, cols = (tuple(indices[k] for k in part) for part in layout)
-        return rows, cols, mf.to_matrix(assign.expr, rows, cols, self.layouts)
+        matrix = mf.to_matrix(assign.expr, rows, cols, self.layouts)
+        form = self.forms.get(assign.target.name)
+        if matrix is None and form is not None:
+            shape = tuple(sp.Mul(*(i.dim for i in part)) for part in (rows, cols))
+            matrix = (form if form.shape() == shape else  # a scalar's block: one row
+                      mf.MatTranspose(form) if form.shape()[::-1] == shape else None)
+        return rows, cols, matrix
 
     def formula(self, assign: Assign, matrix_lhs: str | None = None, note: str = "") -> Formula:
         target, expr = assign.target, assign.expr
@@ -226,6 +234,53 @@ class Builder:
         return out
 
 
+def builder_for(der: Derivation, notation: Notation,
+                printer: type[LatexPrinter] = LatexPrinter) -> Builder:
+    """The builder of ``der``'s document, with the loss-Hessian blocks' decompositions."""
+    builder = Builder(der.graph, notation, der.directions(), printer)
+    builder.forms = decomposed_forms(der)
+    return builder
+
+
+def decomposed_forms(der: Derivation) -> dict[str, mf.MatExpr]:
+    """The loss-Hessian blocks as the Gauss–Newton decomposition states them, in matrix form
+    over the output Jacobians ``J_V`` and second derivatives ``∂²Z/∂V∂W``:
+    ``H^GN_{V,W} = J_V^T (∂²ℓ/∂Z²) J_W`` (``∂²ℓ/∂Z² = (2/n_Z) I`` for the mean squared error,
+    ``0`` for a linear loss) and ``H^F_{V,W} = (vec_r(∂ℓ/∂Z)^T ⊗ I_{n_V}) ∂²Z/∂V∂W``
+    (``∂ℓ/∂Z = (2/n_Z) D`` for the mean squared error), for the blocks whose contracted form
+    no rule turns into a matrix."""
+    assigns = {a.target.name: a for a in der.graph.assigns}
+    Z = der.output
+
+    def leaf(name: str, rows: int) -> mf.MatLeaf | None:
+        """The tensor ``name`` with its first ``rows`` indices as rows, the rest columns."""
+        assign = assigns.get(name)
+        if assign is None:
+            return None
+        indices = assign.target.indices
+        return mf.MatLeaf(Ref(name, indices), tuple(range(rows)),
+                          tuple(range(rows, len(indices))))
+
+    n_Z = sp.Mul(*Z.shape)
+    curvature = {"mse": 2 / n_Z, "linear": sp.Integer(0)}.get(der.config.loss)
+    # ∂ℓ/∂Z: a node of its own, or inlined: (2/n_Z) D for the mean squared error
+    adjoint, scale = leaf(f"g_{Z.name}", 1), sp.Integer(1)
+    if adjoint is None and der.config.loss == "mse":
+        adjoint, scale = leaf("D", 1), 2 / n_Z
+    forms: dict[str, mf.MatExpr] = {}
+    for v, w in der.nodes("loss_hessian"):
+        J_v, J_w = leaf(f"jacobian_{v}", len(Z.shape)), leaf(f"jacobian_{w}", len(Z.shape))
+        if J_v is not None and J_w is not None and curvature is not None:
+            forms[f"gauss_newton_{v}_{w}"] = mf.MatScaled(
+                curvature, mf.MatProduct((mf.MatTranspose(J_v), J_w)))
+        shape_v = der.graph.tensors[v].shape
+        second = leaf(f"output_hessian_{v}_{w}", len(Z.shape) + len(shape_v))
+        if second is not None and adjoint is not None:
+            forms[f"functional_{v}_{w}"] = mf.MatScaled(scale, mf.MatProduct((mf.MatKron(
+                (mf.MatVec(adjoint, row=True), mf.MatIdentity(sp.Mul(*shape_v)))), second)))
+    return forms
+
+
 def _notation(der: Derivation, notation: Notation | None = None) -> Notation:
     """Symbols for every derived tensor of ``der``, from its groups, added to ``notation``
     (which holds the base symbols; default a new one)."""
@@ -237,7 +292,7 @@ def _notation(der: Derivation, notation: Notation | None = None) -> Notation:
         sup = notation(v)
         for node in forward:
             notation.derived(f"d{node}_{v}", node, "dot", sup)
-        notation.symbols[f"jacobian_{v}"] = rf"\frac{{\partial Z}}{{\partial {sup}}}"
+        notation.symbols[f"jacobian_{v}"] = rf"J_{{{sup}}}"
         notation.symbols[f"hvp_{v}"] = rf"(Hv)_{{{sup}}}"
         notation.symbols[f"v_{v}"] = rf"v_{{{sup}}}"
         for w in variables:
@@ -360,7 +415,7 @@ def document_context(der: Derivation, backend: Backend, attributes: Mapping[str,
         raise ValueError("names: a config's document is written in its own names; names= is "
                          f"for a module's, got {dict(names)!r}")
     _notation(der, notation)
-    builder = Builder(der.graph, notation, der.directions(), backend.printer)
+    builder = builder_for(der, notation, backend.printer)
     sections = [_architecture(der, builder), _first_derivatives(der, builder),
                 _second_derivatives(der, builder), _gradient(der, builder),
                 _loss_hessian(der, builder)]
@@ -393,7 +448,8 @@ def _first_derivatives(der: Derivation, builder: Builder) -> Section:
     """Per variable: the tangents of the nodes, the output Jacobian, the loss tangents."""
     section = Section("First derivatives", r"For each variable $W$, the stored derivatives "
                       r"$\dot N^{W}$ of the nodes in forward order (the chain rule), then the "
-                      r"output Jacobian $\partial Z / \partial W$ of shape $(L d) \times n_W$.")
+                      r"output Jacobian $J_W = \partial Z / \partial W$ of shape "
+                      r"$(L d) \times n_W$.")
     group = der.graph.in_group
     for v in (v.name for v in der.variables):
         block_list = builder.blocks(group(f"tangent_{v}"))
