@@ -24,7 +24,7 @@ from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
 from .names import program_names, size_hints
-from .printer import LatexPrinter, Notation, Symbol, width
+from .printer import LatexPrinter, Notation, ScalarPrinter, Symbol, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -70,7 +70,7 @@ def _function_lines(expr: sp.Expr, lhs: str) -> list[str]:
     terms = sp.Add.make_args(expr)
     chunks = []
     for n, term in enumerate(terms):
-        text = sp.latex(term)
+        text = ScalarPrinter().doprint(term)
         chunks.append([text if n == 0 or text.startswith("-") else f"+ {text}"])
     return _pack(chunks, lhs)
 

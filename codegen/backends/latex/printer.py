@@ -102,7 +102,22 @@ class Notation:
         self.symbols[name] = Symbol(symbol.head, symbol.sub, sup, accent).latex()
 
 
-class LatexPrinter(SympyLatexPrinter):
+class ScalarPrinter(SympyLatexPrinter):
+    """SymPy's LaTeX printer, with floats as written: their shortest decimal (``0.044715``),
+    a power of ten as one (``10^{-5}``, not ``1.0 \\cdot 10^{-5}``)."""
+
+    def _print_Float(self, expr: sp.Float) -> str:
+        text = repr(float(expr))
+        mantissa, _, exponent = text.partition("e")
+        if not exponent:
+            return text
+        mantissa = mantissa.removesuffix(".0")
+        power = f"10^{{{int(exponent)}}}"
+        return power if mantissa == "1" else (
+            f"-{power}" if mantissa == "-1" else rf"{mantissa} \cdot {power}")
+
+
+class LatexPrinter(ScalarPrinter):
     """SymPy's LaTeX printer extended with the engine's index-form and matrix nodes."""
 
     def __init__(self, notation: Notation | None = None,
@@ -165,7 +180,7 @@ class LatexPrinter(SympyLatexPrinter):
             return rf"{name}\left({argument}\right)"
         symbol = sp.Symbol("ARG")
         body = fn.expr.subs(fn_variable, symbol)
-        text = SympyLatexPrinter({"symbol_names": {symbol: argument}}).doprint(body)
+        text = ScalarPrinter({"symbol_names": {symbol: argument}}).doprint(body)
         # a factor of a product: a sum or a leading minus sign would read as a new term
         if body.is_Add or body.could_extract_minus_sign():
             return rf"\left({text}\right)"
