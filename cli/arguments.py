@@ -6,12 +6,17 @@ whose one line names the argument, what was expected and what was given."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import tempfile
 from pathlib import Path
 
 from ..codegen import output
 from ..codegen.resources import CONFIGS, shipped_configs
 from ..derivations.config import ConfigError, load, read_table
+
+#: a module's class as ``curvgap latex`` takes it: ``package.module:Class``
+MODULE_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -33,11 +38,16 @@ def check(args: argparse.Namespace) -> None:
             else:
                 load(given)
     elif args.command == "latex":
-        path = latex_path(args.name)
-        folder = _folder(args.out)
-        config = load(path)
         written = (".tex", ".pdf") if args.pdf else (".tex",)
-        output.check_files(folder, [config.name + suffix for suffix in written])
+        if ":" in args.name:  # a module, package.module:Class
+            name = module_arguments(args)
+        else:
+            for option, value in (("--args", args.args), ("--shape", args.shape)):
+                if value is not None:
+                    raise ConfigError(f"{option}: only for a module given as "
+                                      f"package.module:Class, got NAME {args.name!r}")
+            name = load(latex_path(args.name)).name
+        output.check_files(_folder(args.out), [name + suffix for suffix in written])
     else:
         if args.command == "bench" and args.config not in _shipped():
             raise ConfigError(f"--config: expected a shipped config name "
@@ -55,6 +65,33 @@ def latex_path(name: str) -> Path:
                           f"or a .toml file, got {name!r}")
     _check_file(name, "NAME", "a shipped config name or a .toml file")
     return Path(name)
+
+
+def module_arguments(args: argparse.Namespace) -> str:
+    """Check ``curvgap latex package.module:Class --args JSON --shape B,L,d``: ``args.kwargs``
+    becomes the constructor's keyword arguments (a JSON object, never evaluated as code) and
+    ``args.shape`` the input's shape; the class's name (the document's) is returned."""
+    if not MODULE_SPEC.fullmatch(args.name):
+        raise ConfigError(f"NAME: expected a module as package.module:Class (dotted Python "
+                          f"names), got {args.name!r}")
+    try:
+        kwargs = json.loads(args.args or "{}")
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--args: expected the constructor's keyword arguments as a JSON "
+                          f"object such as '{{\"d\": 8}}', got {args.args!r} ({error.msg})"
+                          ) from None
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--args: expected a JSON object of keyword arguments, got "
+                          f"{args.args!r}")
+    if args.shape is None:
+        raise ConfigError("--shape: a module needs its input's shape, such as 2,8,16 (batch, "
+                          "length, width), got none")
+    parts = args.shape.split(",")
+    if not all(p.strip().isdigit() and int(p) >= 1 for p in parts) or len(parts) < 2:
+        raise ConfigError(f"--shape: expected two or more positive integers separated by "
+                          f"commas (batch first), such as 2,8,16, got {args.shape!r}")
+    args.kwargs, args.shape = kwargs, tuple(int(p) for p in parts)
+    return args.name.rpartition(".")[2].rpartition(":")[2]
 
 
 def _shipped() -> list[str]:

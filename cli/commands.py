@@ -18,7 +18,6 @@ def _latex(name: str, out: str, pdf: bool) -> int:
     """``curvgap latex NAME``: write ``OUT/NAME.tex`` and, with ``--pdf``, compile it (the
     paths checked already, :mod:`.arguments`)."""
     from ..codegen.backends import latex
-    from ..codegen.backends.latex.pdf import PdfError, compile_pdf
     from ..codegen.generate import GenerationError, is_shipped_folder, render
     from ..codegen.resources import GENERATED, shipped_configs
     from ..derivations.config import load
@@ -41,8 +40,53 @@ def _latex(name: str, out: str, pdf: bool) -> int:
         print(f"curvgap: error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {tex}")
-    if not pdf:
-        return 0
+    return _pdf(tex) if pdf else 0
+
+
+def _latex_module(spec: str, kwargs: dict, shape: tuple[int, ...], out: str, pdf: bool) -> int:
+    """``curvgap latex package.module:Class``: build the module (float64, eval mode), read it
+    on a random input of ``shape`` and write ``OUT/Class.tex`` (and, with ``--pdf``, the PDF)."""
+    import importlib
+
+    import torch
+
+    from .. import adapters
+
+    where, _, qualname = spec.partition(":")
+    try:
+        found = importlib.import_module(where)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        print(f"curvgap: error: NAME: cannot find {spec!r}: {error}", file=sys.stderr)
+        return 2
+    if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+        print(f"curvgap: error: NAME: expected a torch.nn.Module class, got {spec!r}, which "
+              f"is {type(found).__name__}", file=sys.stderr)
+        return 2
+    try:
+        module = found(**kwargs).to(torch.float64).eval()
+    except Exception as error:  # the user's constructor, whatever it raises
+        print(f"curvgap: error: --args: {qualname}(**{kwargs}) failed: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    X = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    tex = Path(out) / f"{qualname.rpartition('.')[2]}.tex"
+    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        output.write_file(tex, adapters.curvature(module).latex(X))
+    except (adapters.UnsupportedLayer, adapters.UnsupportedOperation, ValueError,
+            output.OutputError, OSError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {tex}")
+    return _pdf(tex) if pdf else 0
+
+
+def _pdf(tex: Path) -> int:
+    """Compile ``tex`` beside itself; the exit status."""
+    from ..codegen.backends.latex.pdf import PdfError, compile_pdf
+
     try:
         compile_pdf(tex.read_text(encoding="utf-8"), tex.with_suffix(".pdf"))
     except PdfError as error:
@@ -95,8 +139,14 @@ def _parser() -> argparse.ArgumentParser:
                             "processes (torch.distributed, gloo on 127.0.0.1)")
     bench.add_argument("--out", metavar="DIR", default="bench-results",
                        help="where bench.json and bench.png go (default: bench-results/)")
-    latex = commands.add_parser("latex", help="write one config's formulas as a LaTeX document")
-    latex.add_argument("name", help="a shipped config name or a config file")
+    latex = commands.add_parser("latex", help="write one config's or module's formulas as a "
+                                              "LaTeX document")
+    latex.add_argument("name", help="a shipped config name, a config file, or a module's class "
+                                    "as package.module:Class (with --args and --shape)")
+    latex.add_argument("--args", metavar="JSON",
+                       help="a module's constructor arguments, a JSON object ('{\"d\": 8}')")
+    latex.add_argument("--shape", metavar="B,L,D",
+                       help="a module's input shape, batch first (a float64 input)")
     latex.add_argument("--out", metavar="DIR", default=".",
                        help="where <name>.tex (and .pdf) go (default: the current folder)")
     latex.add_argument("--pdf", action="store_true", help="also compile it with pdflatex")
@@ -242,6 +292,8 @@ def _run(args: argparse.Namespace) -> int:
         reproduce_run(args.quick, args.out)
         return 0
     if args.command == "latex":
+        if ":" in args.name:
+            return _latex_module(args.name, args.kwargs, args.shape, args.out, args.pdf)
         return _latex(args.name, args.out, args.pdf)
     return _generate(args)
 

@@ -16,6 +16,7 @@ from families import D_FF, DTYPE, D, DifferentialAttention, GatedResidual, PreNo
 from reference import randomise
 
 import curvgap
+from curvgap.cli import main
 from curvgap.codegen.backends.latex import pdf as pdf_module
 from curvgap.codegen.backends.latex.document import _notation, builder_for
 from curvgap.derivations import evaluate, sizes
@@ -160,3 +161,39 @@ def test_every_matrix_form_of_a_modules_document_equals_its_index_form(name):
                                    err_msg=assign.target.name)
         checked += 1
     assert checked >= 20
+
+
+def test_cli_typesets_a_module_given_as_its_class(tmp_path, capsys):
+    args = ["latex", "families:DifferentialAttention", "--args", '{"d": 8, "d_k": 3}',
+            "--shape", "2,5,8", "--out", str(tmp_path)]
+    assert main(args + (["--pdf"] if PDFLATEX else [])) == 0
+    tex = (tmp_path / "DifferentialAttention.tex").read_text()
+    assert r"W_{q}" in tex and r"\lambda" in tex and not ENGINE_MADE.search(tex)
+    if PDFLATEX:
+        assert (tmp_path / "DifferentialAttention.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--args", '{"d": 8', "--shape", "2,5,8"], "--args: expected the constructor's keyword "
+                                                "arguments as a JSON object"),
+    (["--args", "[8, 3]", "--shape", "2,5,8"], "--args: expected a JSON object"),
+    (["--args", '{"d": 8}', "--shape", "2,5,8"], "--args: DifferentialAttention(**{'d': 8}) "
+                                                 "failed: TypeError"),
+    (["--args", '{"d": 8, "d_k": 3}'], "--shape: a module needs its input's shape"),
+    (["--args", '{"d": 8, "d_k": 3}', "--shape", "2,x"], "--shape: expected two or more "
+                                                          "positive integers"),
+])
+def test_cli_refuses_a_module_it_cannot_build_by_name(extra, message, tmp_path, capsys):
+    code = main(["latex", "families:DifferentialAttention", *extra, "--out", str(tmp_path)])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name, message", [
+    ("families:NoSuchBlock", "NAME: cannot find 'families:NoSuchBlock'"),
+    ("os:getcwd", "NAME: expected a torch.nn.Module class"),
+    ("families:Bad-Name", "NAME: expected a module as package.module:Class"),
+])
+def test_cli_refuses_what_is_no_module_class(name, message, tmp_path, capsys):
+    assert main(["latex", name, "--shape", "2,5,8", "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

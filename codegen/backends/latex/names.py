@@ -118,6 +118,7 @@ def tensor_symbols(program: Program) -> dict[str, Symbol]:
                 readers.setdefault(operand.name, op.what)
     for param in program.params:
         symbols[param.name] = _parameter(param.source or param.name, readers.get(param.name, ""))
+    symbols = _distinct(symbols, program)
     symbols.update(_operations(program, symbols))
     return _distinct(symbols, program)
 
@@ -160,9 +161,9 @@ def _operations(program: Program, symbols: dict[str, Symbol]) -> dict[str, Symbo
             sup = f"({norms.index(op.path) + 1})" if len(norms) > 1 else ""
             out[op.out] = Symbol(_NORM_PARTS[match.group(2)], "", sup)
         elif op.what in _LINEAR and any(_is_param(program, n) for n in operands):
-            short = _short(op.path)
-            out[op.out] = (Symbol(short.upper()) if len(short) == 1 and short.isalpha()
-                           else Symbol("Y", _subscript(short)))
+            weight = symbols[next(n for n in operands if _is_param(program, n))]
+            out[op.out] = (Symbol(weight.sub.upper()) if len(weight.sub) == 1
+                           and weight.sub.isalpha() else Symbol("Y", weight.sub))
         elif op.what in _SELECTIONS and op.kind == "einsum" and len(op.terms) == 1:
             source = next((n for n in operands if n in out), None)
             selector = next((n for n in operands if n.startswith("c_select")), None)
