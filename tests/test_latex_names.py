@@ -8,6 +8,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +198,15 @@ def test_cli_refuses_a_module_it_cannot_build_by_name(extra, message, tmp_path, 
 def test_cli_refuses_what_is_no_module_class(name, message, tmp_path, capsys):
     assert main(["latex", name, "--shape", "2,5,8", "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_readme_shows_lines_its_example_writes():
+    """The README's two lines of LaTeX come out of its own quick start's ``c.latex(X)``."""
+    transformers = pytest.importorskip("transformers")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (shown,) = re.findall(r"^```latex\n(.*?)^```", readme, re.M | re.S)
+    config = transformers.GPT2Config(n_embd=32, n_head=4, n_inner=64)
+    block = transformers.models.gpt2.modeling_gpt2.GPT2Block(config).to(DTYPE).eval()
+    tex = curvgap.curvature(block).latex(torch.randn(2, 8, 32, dtype=DTYPE))
+    for line in shown.strip().splitlines():
+        assert line in tex.splitlines(), line
