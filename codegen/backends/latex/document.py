@@ -53,9 +53,15 @@ class Section:
     title: str
     text: str
     blocks: list[Block] = field(default_factory=list)
+    appendix: bool = False  # the derivations behind the statements
+    #: which forms of each formula print: ``"both"``, ``"statement"`` (the matrix form where
+    #: there is one) or ``"index"`` (the index forms of statements made elsewhere: not counted)
+    forms: str = "both"
 
     @property
     def counts(self) -> tuple[int, int]:
+        if self.forms == "index":
+            return 0, 0
         formulas = [f for b in self.blocks for f in b.formulas]
         return sum(f.matrix_lines is not None for f in formulas), len(formulas)
 
@@ -276,8 +282,9 @@ def decomposed_forms(der: Derivation) -> dict[str, mf.MatExpr]:
         shape_v = der.graph.tensors[v].shape
         second = leaf(f"output_hessian_{v}_{w}", len(Z.shape) + len(shape_v))
         if second is not None and adjoint is not None:
-            forms[f"functional_{v}_{w}"] = mf.MatScaled(scale, mf.MatProduct((mf.MatKron(
-                (mf.MatVec(adjoint, row=True), mf.MatIdentity(sp.Mul(*shape_v)))), second)))
+            n_v, row = sp.Mul(*shape_v), mf.MatVec(adjoint, row=True)
+            left = row if n_v == 1 else mf.MatKron((row, mf.MatIdentity(n_v)))
+            forms[f"functional_{v}_{w}"] = mf.MatScaled(scale, mf.MatProduct((left, second)))
     return forms
 
 
@@ -416,14 +423,23 @@ def document_context(der: Derivation, backend: Backend, attributes: Mapping[str,
                          f"for a module's, got {dict(names)!r}")
     _notation(der, notation)
     builder = builder_for(der, notation, backend.printer)
-    sections = [_architecture(der, builder), _first_derivatives(der, builder),
-                _second_derivatives(der, builder), _gradient(der, builder),
-                _loss_hessian(der, builder)]
+    # the statements first (the architecture, each Hessian block), then the appendix: the
+    # derivatives they read, node by node
+    sections = [_architecture(der, builder), _loss_hessian(der, builder)]
     if (isinstance(der.config, Config) and der.config.kind == "block"
             and der.config.norm_position == "post"):
         sections.append(_paper_objects(der, notation, backend.printer))
-    sections.append(_hessian_vector_products(der, builder))
-    sections = [s for s in sections if s.blocks]
+    statements = sections[1]
+    statements.forms = "statement"
+    index_forms = Section("Loss Hessian in index form", "The blocks of the Loss Hessian "
+                          "section entry by entry, as the engine contracts them.",
+                          statements.blocks, forms="index")
+    appendix = [index_forms, _first_derivatives(der, builder),
+                _second_derivatives(der, builder), _gradient(der, builder),
+                _hessian_vector_products(der, builder)]
+    for section in appendix:
+        section.appendix = True
+    sections = [s for s in sections + appendix if s.blocks]
     title, description = describe(der.config)
     functions = _functions(notation.functions)
     program = isinstance(der.config, Program)
@@ -432,7 +448,7 @@ def document_context(der: Derivation, backend: Backend, attributes: Mapping[str,
         architecture=[] if program else description.split("\n"),
         notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
         code_names=program, functions=functions,
-        sections=sections, shares=[(s.title, *s.counts) for s in sections],
+        sections=sections, shares=[(s.title, *s.counts) for s in sections if s.forms != "index"],
         total=tuple(map(sum, zip(*(s.counts for s in sections)))))
 
 
@@ -499,7 +515,10 @@ def _loss_hessian(der: Derivation, builder: Builder) -> Section:
                       r"functional part $(\partial \ell / \partial Z \otimes I_{n_V}) "
                       r"\partial^2 Z / \partial V \partial W$, both contracted with the "
                       r"adjoints before expanding. Parameter blocks are averaged over the "
-                      r"batch; the $X, X$ block is per sample.")
+                      r"batch; the $X, X$ block is per sample. The output Jacobians $J_V$ "
+                      r"and second derivatives $\partial^2 Z / \partial V \partial W$ the "
+                      r"statements read, and the stored derivatives $\dot N$, $\ddot N$ of "
+                      r"their index forms, are derived node by node in the appendix.")
     for v, w in der.nodes("loss_hessian"):
         block = Block(f"${builder.notation(v)}, {builder.notation(w)}$")
         for assign in der.graph.in_group(f"loss_hessian_{v}_{w}"):
