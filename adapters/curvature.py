@@ -548,20 +548,9 @@ class Curvature:
         (``{"d_k": 3}``). ``pdf``: also compile it there with pdflatex. For a model read as a
         chain of parts, the document of ``part`` (a block's path such as ``"layers.0"``;
         default the first block, or the first part)."""
-        from .formulas import module_document
+        from .formulas import module_document, program_of
 
-        _, _, traced, _ = self._prepared(X, None, inputs, needs_target=False)
-        paths = traced.trace.paths
-        if part is None:
-            part = next((p for p in paths if p), paths[0])
-        if part not in paths:
-            raise ValueError(f"part: expected one of the module's parts {paths}, got {part!r}")
-        program = traced.trace.programs[paths.index(part)]
-        try:
-            module = self.module.get_submodule(part) if part else self.module
-        except AttributeError:  # a part that is no one submodule (the layers before a block)
-            module = self.module
-        title = type(module).__name__ + (f" ({part})" if part else "")
+        module, program, title = program_of(self, X, part, inputs)
         return module_document(module, program, title, names, pdf)
 
     def layer_slices(self, wrt: Any = None) -> dict[str, slice]:

@@ -8,10 +8,12 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..codegen.backends.latex import document
+from ..codegen.backends.latex.markdown import statements
 from ..codegen.backends.latex.pdf import compile_pdf
 from ..derivations.program import Program
 
@@ -38,9 +40,41 @@ def module_document(module: torch.nn.Module, program: Program, title: str,
     names and the caller's ``names``; compiled into ``pdf`` when given."""
     if names is not None and not isinstance(names, Mapping):
         raise ValueError(f"names: expected a dict of symbols, got {type(names).__name__}")
-    program = dataclasses.replace(program, name=re.sub(r"\W", "_", title), title=title,
-                                  scope="all")  # with the output Hessians the blocks cite
-    text = document(program, attributes=size_attributes(module), names=dict(names or {}))
+    text = document(_titled(program, title), attributes=size_attributes(module),
+                    names=dict(names or {}))
     if pdf is not None:
         compile_pdf(text, Path(pdf))
     return text
+
+
+def program_of(c: Any, X: torch.Tensor, part: str | None, inputs: dict[str, Any]
+               ) -> tuple[torch.nn.Module, Program, str]:
+    """The submodule, program and title of ``part`` (default the first block, or the first
+    part) of the module ``c`` (a :class:`~curvgap.adapters.curvature.Curvature`) read with
+    these inputs."""
+    _, _, traced, _ = c._prepared(X, None, inputs, needs_target=False)
+    paths = traced.trace.paths
+    if part is None:
+        part = next((p for p in paths if p), paths[0])
+    if part not in paths:
+        raise ValueError(f"part: expected one of the module's parts {paths}, got {part!r}")
+    try:
+        module = c.module.get_submodule(part) if part else c.module
+    except AttributeError:  # a part that is no one submodule (the layers before a block)
+        module = c.module
+    title = type(module).__name__ + (f" ({part})" if part else "")
+    return module, traced.trace.programs[paths.index(part)], title
+
+
+def module_statements(c: Any, X: torch.Tensor, heading: str = "###", **inputs: Any) -> str:
+    """The statements of the module's document (symbols, architecture, loss-Hessian blocks)
+    as Markdown with display math, for a web page (the module ``c`` a
+    :class:`~curvgap.adapters.curvature.Curvature`)."""
+    module, program, title = program_of(c, X, None, inputs)
+    return statements(_titled(program, title), heading, attributes=size_attributes(module))
+
+
+def _titled(program: Program, title: str) -> Program:
+    """``program`` named for its document, with the output Hessians its blocks cite."""
+    return dataclasses.replace(program, name=re.sub(r"\W", "_", title), title=title,
+                               scope="all")

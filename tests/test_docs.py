@@ -36,5 +36,6 @@ def test_the_site_builds_with_every_example_run(tmp_path):
         figures = list((ROOT / "docs" / "auto_examples" / "images").glob(
             f"sphx_glr_{example.stem}_*.png"))
         assert figures, f"{example.name} made no figure"
-    for page in ("index", "api", "cli", "why_exact", "guide/gpu", "guide/memory"):
+    for page in ("index", "api", "cli", "why_exact", "guide/gpu", "guide/memory",
+                 "guide/formulas"):
         assert (tmp_path / "html" / f"{page}.html").exists()

@@ -17,6 +17,7 @@ from families import D_FF, DTYPE, D, DifferentialAttention, GatedResidual, PreNo
 from reference import randomise
 
 import curvgap
+from curvgap.adapters.formulas import module_statements
 from curvgap.cli import main
 from curvgap.codegen.backends.latex import pdf as pdf_module
 from curvgap.codegen.backends.latex.document import _notation, builder_for
@@ -210,3 +211,21 @@ def test_the_readme_shows_lines_its_example_writes():
     tex = curvgap.curvature(block).latex(torch.randn(2, 8, 32, dtype=DTYPE))
     for line in shown.strip().splitlines():
         assert line in tex.splitlines(), line
+
+
+def test_statements_for_a_web_page_are_the_documents_own():
+    """The docs' formulas page: the symbols, the architecture and the loss-Hessian blocks of
+    the document, in display math MathJax reads (no LaTeX-only command), nothing of the
+    appendix."""
+    module, X, _ = _blocks()["differential attention"]
+    c = curvgap.curvature(module)
+    page = module_statements(c, X)
+    tex = c.latex(X)
+    displays = re.findall(r"^\$\$\n\\begin\{aligned\}\n(.*?)\n\\end\{aligned\}\n\$\$$", page,
+                          re.M | re.S)
+    assert page.count("$$") == 2 * len(displays) and len(displays) >= 10
+    statement = r"H^{\mathrm{GN}}_{W_{q},W_{k}} &= \frac{2}{L d} J_{W_{q}}^{\top} J_{W_{k}}"
+    assert statement in page and statement in tex
+    assert "### Loss Hessian" in page and "First derivatives" not in page
+    assert not re.search(r"\\(notag|label|texttt|begin\{align\})", page)
+    assert "| $W_{q}$ | $2 \\times d_k \\times d$ | parameter | `q.weight` |" in page

@@ -43,6 +43,33 @@ def _latex() -> str:
     return "\n".join(rows)
 
 
+def _formulas() -> str:
+    """The statements of three documents, printed by the LaTeX backend's printer for MathJax:
+    the paper's post-LN block (a config), the README's GPT-2 block and PyTorch's pre-LN
+    encoder layer (read from their modules)."""
+    import torch
+    import transformers
+
+    import curvgap
+    from curvgap.adapters.formulas import module_statements
+    from curvgap.codegen.backends.latex.markdown import statements
+    from curvgap.codegen.resources import CONFIGS
+    from curvgap.derivations.config import load
+
+    gpt2 = transformers.models.gpt2.modeling_gpt2.GPT2Block(
+        transformers.GPT2Config(n_embd=32, n_head=4, n_inner=64)).to(torch.float64).eval()
+    encoder = torch.nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True,
+                                               norm_first=True).to(torch.float64).eval()
+    X = torch.zeros(2, 8, 32, dtype=torch.float64)
+    return "\n".join([
+        "## The paper's post-LN block (config `paper_block`)\n",
+        statements(load(CONFIGS / "paper_block.toml")),
+        "## The README's GPT-2 block (`GPT2Block`, Hugging Face)\n",
+        module_statements(curvgap.curvature(gpt2), X),
+        "## A pre-LN encoder layer (`torch.nn.TransformerEncoderLayer`, `norm_first=True`)\n",
+        module_statements(curvgap.curvature(encoder), X[..., :16])])
+
+
 def _cli() -> str:
     """``curvgap --help`` and each command's ``--help``, as the command prints them."""
     import argparse
@@ -65,6 +92,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "models_fused_all_threads": lambda: _models("models_fused_all_threads"),
     "cli": _cli,
     "latex": _latex,
+    "formulas": _formulas,
 }
 
 

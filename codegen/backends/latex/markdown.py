@@ -1,0 +1,53 @@
+"""A document's statements as Markdown for a web page: the symbols, the architecture and each
+loss-Hessian block in display math (MathJax), printed by the same printer as the LaTeX
+document (:mod:`.document`); the appendix's derivations stay in the PDF."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ....derivations.config import Config
+from ....derivations.derivation import Derivation, derive
+from ....derivations.program import Program
+
+
+def statements(source: Config | Program | Derivation, heading: str = "###",
+               **options: Any) -> str:
+    """The statements of ``source``'s document as Markdown, sections under ``heading``
+    (``options`` as for :func:`~curvgap.codegen.backends.latex.document`)."""
+    from . import BACKEND
+    from .document import document_context
+
+    der = source if isinstance(source, Derivation) else derive(source)
+    context = document_context(der, BACKEND, **options)
+    lines = [f"{heading} Symbols", "", "| symbol | shape | role |" + (
+        " in the code |" if context["code_names"] else ""),
+             "| --- | --- | --- |" + (" --- |" if context["code_names"] else "")]
+    lines += ["| " + " | ".join(_text(cell) for cell in row) + " |"
+              for row in context["symbols"]]
+    if context["functions"]:
+        lines += ["", "Elementwise functions:", "", _display(
+            [(name, body) for name, body in context["functions"]])]
+    for section in context["sections"]:
+        if section.appendix:
+            continue
+        lines += ["", f"{heading} {section.title}", ""]
+        for block in section.blocks:
+            lines += [f"**{_text(block.title)}**", ""]
+            lines.append(_display([(f.matrix_lhs, f.matrix_lines) if f.matrix_lines
+                                   else (f.lhs, f.index_lines) for f in block.formulas]))
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _display(rows: list[tuple[str, list[str]]]) -> str:
+    """Aligned equations in one display."""
+    body = " \\\\\n".join(f"{lhs} &= " + " \\\\\n  &\\qquad ".join(lines) for lhs, lines in rows)
+    return f"$$\n\\begin{{aligned}}\n{body}\n\\end{{aligned}}\n$$"
+
+
+def _text(cell: str) -> str:
+    """A LaTeX text cell as Markdown: ``\\texttt{a\\_b}`` as code, ``\\_`` as ``_``."""
+    cell = re.sub(r"\\texttt\{(.*?)\}", lambda m: f"`{m.group(1)}`", cell)
+    return cell.replace(r"\_", "_")
