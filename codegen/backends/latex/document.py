@@ -417,7 +417,11 @@ def document_context(der: Derivation, backend: Backend, attributes: Mapping[str,
         bases, sizes = program_names(der.config, size_hints(attributes), names)
         dims = der.config.dims()
         notation.bases.update(bases)
-        notation.sizes.update({dims[name]: text for name, text in sizes.items()})
+        for name, text in sizes.items():
+            if text.isdigit():
+                notation.values[dims[name]] = sp.Integer(int(text))
+            else:
+                notation.sizes[dims[name]] = text
     elif names:
         raise ValueError("names: a config's document is written in its own names; names= is "
                          f"for a module's, got {dict(names)!r}")

@@ -73,8 +73,10 @@ class Notation:
     functions: dict[str, sp.Expr] = field(default_factory=dict)
     #: base symbols chosen for tensors (a module's names), where :func:`base_symbol` would not do
     bases: dict[str, Symbol] = field(default_factory=dict)
-    #: size symbols printed otherwise than their names (``n3`` as ``d_k``, or ``2``)
+    #: size symbols printed otherwise than their names (``n3`` as ``d_k``)
     sizes: dict[sp.Symbol, str] = field(default_factory=dict)
+    #: size symbols printed as their numbers (``n2`` as ``2``: ``2 d d_k``, not ``d 2 d_k``)
+    values: dict[sp.Symbol, sp.Integer] = field(default_factory=dict)
 
     def base(self, name: str) -> Symbol:
         """The base symbol of the tensor ``name``."""
@@ -125,6 +127,12 @@ class LatexPrinter(ScalarPrinter):
         self.notation = notation or Notation()
         super().__init__({"mul_symbol": None, "symbol_names": self.notation.sizes})
         self.letters = dict(letters or {})
+
+    def doprint(self, expr: object) -> str:
+        """``expr`` printed, the sizes known by number replaced by their numbers first."""
+        if isinstance(expr, sp.Basic) and self.notation.values:
+            expr = expr.xreplace(self.notation.values)
+        return super().doprint(expr)
 
     # -- indices -------------------------------------------------------------------
     def name_indices(self, expr: Expr, rows: tuple[Index, ...] = (),
