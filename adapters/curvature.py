@@ -20,6 +20,7 @@ every rank's shard under ``torch.distributed`` (:mod:`curvgap.data`).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -536,7 +537,7 @@ class Curvature:
                                  X_.dtype, X_.device)
 
     def latex(self, X: torch.Tensor, part: str | None = None,
-              names: dict[str, str | int] | None = None, pdf: str | None = None,
+              names: dict[str, str | int] | None = None, pdf: str | Path | None = None,
               **inputs: Any) -> str:
         """The LaTeX document of what curvgap derived for this module with these inputs
         (every operation of its forward pass, its first derivatives, the loss Hessian's blocks

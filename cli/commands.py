@@ -4,6 +4,7 @@ command's run."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,12 +54,18 @@ def _latex_module(spec: str, kwargs: dict, shape: tuple[int, ...], out: str, pdf
     from .. import adapters
 
     where, _, qualname = spec.partition(":")
+    if os.getcwd() not in sys.path:  # a module of the current folder, as `python -m` finds it
+        sys.path.insert(0, os.getcwd())
     try:
         found = importlib.import_module(where)
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
         print(f"curvgap: error: NAME: cannot find {spec!r}: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # the user's module failed while importing
+        print(f"curvgap: error: NAME: importing {where!r} failed: {type(error).__name__}: "
+              f"{error}", file=sys.stderr)
         return 2
     if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
         print(f"curvgap: error: NAME: expected a torch.nn.Module class, got {spec!r}, which "

@@ -31,7 +31,7 @@ def _sizes(config) -> dict:
     h = config.heads
     return {sizes.L: DIMS["L"], sizes.d: DIMS["d"], sizes.d_k: DIMS["d_k"],
             sizes.d_ff: DIMS["d_ff"], sizes.h: h, sizes.d_v: DIMS["d"] // h,
-            sizes.R: DIMS["R"]}
+            sizes.R: DIMS["R"], sizes.c: DIMS["c"], sizes.p: DIMS["p"], sizes.n_1: 1}
 
 
 def _sample_values(der, dims, rng, given: dict | None = None) -> dict:
@@ -42,8 +42,9 @@ def _sample_values(der, dims, rng, given: dict | None = None) -> dict:
         if tensor.role in ("input", "param", "target", "direction") and tensor.name not in values:
             shape = [int(s.subs(dims)) for s in tensor.shape]
             values[tensor.name] = rng.standard_normal(shape)
-    if der.config.loss == "cross_entropy":
-        values["T"] = np.eye(dims[sizes.d])[rng.integers(0, dims[sizes.d], dims[sizes.L])]
+    if der.config.loss == "cross_entropy":  # one-hot rows over the output's last axis
+        *rows, classes = (int(s.subs(dims)) for s in der.graph.tensors["T"].shape)
+        values["T"] = np.eye(classes)[rng.integers(0, classes, rows)]
     return evaluate.evaluate(der.graph, der.graph.assigns, values, dims)
 
 
@@ -54,6 +55,7 @@ def _paper_layout(array: np.ndarray, target, rows, cols) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["self_attention", "layernorm_affine", "ffn", "paper_block",
+                                  "classifier_head",  # a cross-entropy
                                   pytest.param("gpt2_block", marks=pytest.mark.slow)])  # 15 s
 def test_every_matrix_form_equals_its_index_form(name):
     """Each formula the document shows in matrix form, evaluated with explicit Kronecker,

@@ -229,3 +229,46 @@ def test_statements_for_a_web_page_are_the_documents_own():
     assert "### Loss Hessian" in page and "First derivatives" not in page
     assert not re.search(r"\\(notag|label|texttt|begin\{align\})", page)
     assert "| $W_{q}$ | $2 \\times d_k \\times d$ | parameter | `q.weight` |" in page
+
+
+class Clashing(torch.nn.Module):
+    """Names that invite clashes: a linear map called ``t`` (the target is ``T``), applied
+    twice; a ``hidden_size`` that is not the input's width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t, self.up, self.down = (torch.nn.Linear(4, 4), torch.nn.Linear(4, 6),
+                                      torch.nn.Linear(6, 4))
+        self.hidden_size = 6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(self.t(self.t(x)))))
+
+
+def _symbol_rows(tex: str) -> list[list[str]]:
+    table = tex.split(r"\subsection*{Symbols}")[1].split(r"\end{longtable}")[0]
+    return [row.split(" & ") for row in table.splitlines() if row.startswith("$")]
+
+
+@pytest.mark.parametrize("module", [Clashing(), torch.nn.LayerNorm(4)],
+                         ids=["clashing names", "a top-level norm"])
+def test_no_two_tensors_share_a_symbol(module):
+    X = torch.randn(2, 3, 4, dtype=DTYPE)
+    tex = curvgap.curvature(module.to(DTYPE)).latex(X)
+    rows = _symbol_rows(tex)
+    symbols = [row[0] for row in rows]
+    assert len(symbols) == len(set(symbols)), symbols
+    assert [row[2] for row in rows if row[0] == "$T$"] == ["target"]
+    assert r"\mathrm{}" not in tex and "_{}" not in tex
+    if isinstance(module, Clashing):  # hidden_size = 6 is not the input's width d = 4
+        assert r"$W_{\mathrm{up}}$ & $6 \times d$" in tex
+
+
+def test_names_that_would_share_a_symbol_are_refused():
+    module, X, _ = _blocks()["differential attention"]
+    c = curvgap.curvature(module)
+    with pytest.raises(ValueError, match=r"names\['q.weight'\]: 'W_\{k\}' is the symbol of "
+                                         "another tensor"):
+        c.latex(X, names={"q.weight": "W_k"})
+    with pytest.raises(ValueError, match=r"names\['lam'\]: expected a LaTeX symbol"):
+        c.latex(X, names={"lam": r"\input{secrets}"})

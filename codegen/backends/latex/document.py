@@ -18,13 +18,14 @@ from ....derivations.config import Config
 from ....derivations.derivation import Derivation
 from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
-from ....derivations.indexform import Index, Ref
+from ....derivations.indexform import Index
 from ....derivations.paper import WEIGHTS, BlockObjects
 from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
+from .decomposition import decomposed_forms
 from .names import program_names, size_hints
-from .printer import LatexPrinter, Notation, ScalarPrinter, Symbol, width
+from .printer import LatexPrinter, Notation, ScalarPrinter, Symbol, tex_text, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
 LINE = 62
@@ -233,7 +234,7 @@ class Builder:
         out: list[Block] = []
         for assign in assigns:
             title = ((titles or {}).get(assign.target.name)
-                     or assign.sublayer.replace("_", r"\_") or "Parameters")
+                     or tex_text(assign.sublayer) or "Parameters")
             if not out or out[-1].title != title:
                 out.append(Block(title))
             out[-1].formulas.append(self.formula(assign))
@@ -243,49 +244,7 @@ class Builder:
 def builder_for(der: Derivation, notation: Notation,
                 printer: type[LatexPrinter] = LatexPrinter) -> Builder:
     """The builder of ``der``'s document, with the loss-Hessian blocks' decompositions."""
-    builder = Builder(der.graph, notation, der.directions(), printer)
-    builder.forms = decomposed_forms(der)
-    return builder
-
-
-def decomposed_forms(der: Derivation) -> dict[str, mf.MatExpr]:
-    """The loss-Hessian blocks as the Gauss–Newton decomposition states them, in matrix form
-    over the output Jacobians ``J_V`` and second derivatives ``∂²Z/∂V∂W``:
-    ``H^GN_{V,W} = J_V^T (∂²ℓ/∂Z²) J_W`` (``∂²ℓ/∂Z² = (2/n_Z) I`` for the mean squared error,
-    ``0`` for a linear loss) and ``H^F_{V,W} = (vec_r(∂ℓ/∂Z)^T ⊗ I_{n_V}) ∂²Z/∂V∂W``
-    (``∂ℓ/∂Z = (2/n_Z) D`` for the mean squared error), for the blocks whose contracted form
-    no rule turns into a matrix."""
-    assigns = {a.target.name: a for a in der.graph.assigns}
-    Z = der.output
-
-    def leaf(name: str, rows: int) -> mf.MatLeaf | None:
-        """The tensor ``name`` with its first ``rows`` indices as rows, the rest columns."""
-        assign = assigns.get(name)
-        if assign is None:
-            return None
-        indices = assign.target.indices
-        return mf.MatLeaf(Ref(name, indices), tuple(range(rows)),
-                          tuple(range(rows, len(indices))))
-
-    n_Z = sp.Mul(*Z.shape)
-    curvature = {"mse": 2 / n_Z, "linear": sp.Integer(0)}.get(der.config.loss)
-    # ∂ℓ/∂Z: a node of its own, or inlined: (2/n_Z) D for the mean squared error
-    adjoint, scale = leaf(f"g_{Z.name}", 1), sp.Integer(1)
-    if adjoint is None and der.config.loss == "mse":
-        adjoint, scale = leaf("D", 1), 2 / n_Z
-    forms: dict[str, mf.MatExpr] = {}
-    for v, w in der.nodes("loss_hessian"):
-        J_v, J_w = leaf(f"jacobian_{v}", len(Z.shape)), leaf(f"jacobian_{w}", len(Z.shape))
-        if J_v is not None and J_w is not None and curvature is not None:
-            forms[f"gauss_newton_{v}_{w}"] = mf.MatScaled(
-                curvature, mf.MatProduct((mf.MatTranspose(J_v), J_w)))
-        shape_v = der.graph.tensors[v].shape
-        second = leaf(f"output_hessian_{v}_{w}", len(Z.shape) + len(shape_v))
-        if second is not None and adjoint is not None:
-            n_v, row = sp.Mul(*shape_v), mf.MatVec(adjoint, row=True)
-            left = row if n_v == 1 else mf.MatKron((row, mf.MatIdentity(n_v)))
-            forms[f"functional_{v}_{w}"] = mf.MatScaled(scale, mf.MatProduct((left, second)))
-    return forms
+    return Builder(der.graph, notation, der.directions(), printer, decomposed_forms(der))
 
 
 def _notation(der: Derivation, notation: Notation | None = None) -> Notation:
@@ -399,22 +358,24 @@ def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, ...]]:
             shape = (f"${_size_text(tensor.shape, notation, times)}$" if tensor.shape
                      else "$1$ (a scalar)")
             row = (f"${notation(tensor.name)}$", shape, roles[tensor.role])
-            if program:
+            if program:  # the key names= takes: the module's name, else the program's
+                named = tensor.name in notation.bases and tensor.role != "input"
                 code = sources.get(tensor.name) or tensor.name
-                row += (rf"\texttt{{{code.replace('_', chr(92) + '_')}}}",)
+                row += (rf"\texttt{{{tex_text(code)}}}" if named else "",)
             rows.append(row)
     return rows
 
 
-def document_context(der: Derivation, backend: Backend, attributes: Mapping[str, int] = {},
-                     names: Mapping[str, str | int] = {}) -> dict:
+def document_context(der: Derivation, backend: Backend,
+                     attributes: Mapping[str, int] | None = None,
+                     names: Mapping[str, str | int] | None = None) -> dict:
     """Everything the LaTeX template needs for ``der``: title, architecture, sections, each
     formula printed by ``backend``'s printer. A program read from a module is written in its
     names (:mod:`.names`): ``attributes`` are the module's integer attributes (they name
     sizes), ``names`` the caller's own symbols."""
     notation = Notation()
     if isinstance(der.config, Program):
-        bases, sizes = program_names(der.config, size_hints(attributes), names)
+        bases, sizes = program_names(der.config, size_hints(attributes or {}), names or {})
         dims = der.config.dims()
         notation.bases.update(bases)
         for name, text in sizes.items():
@@ -429,12 +390,12 @@ def document_context(der: Derivation, backend: Backend, attributes: Mapping[str,
     builder = builder_for(der, notation, backend.printer)
     # the statements first (the architecture, each Hessian block), then the appendix: the
     # derivatives they read, node by node
-    sections = [_architecture(der, builder), _loss_hessian(der, builder)]
+    statements = _loss_hessian(der, builder)
+    statements.forms = "statement"
+    sections = [_architecture(der, builder), statements]
     if (isinstance(der.config, Config) and der.config.kind == "block"
             and der.config.norm_position == "post"):
         sections.append(_paper_objects(der, notation, backend.printer))
-    statements = sections[1]
-    statements.forms = "statement"
     index_forms = Section("Loss Hessian in index form", "The blocks of the Loss Hessian "
                           "section entry by entry, as the engine contracts them.",
                           statements.blocks, forms="index")
@@ -469,7 +430,7 @@ def _first_derivatives(der: Derivation, builder: Builder) -> Section:
     section = Section("First derivatives", r"For each variable $W$, the stored derivatives "
                       r"$\dot N^{W}$ of the nodes in forward order (the chain rule), then the "
                       r"output Jacobian $J_W = \partial Z / \partial W$ of shape "
-                      r"$(L d) \times n_W$.")
+                      r"$n_Z \times n_W$.")
     group = der.graph.in_group
     for v in (v.name for v in der.variables):
         block_list = builder.blocks(group(f"tangent_{v}"))
@@ -516,18 +477,25 @@ def _loss_hessian(der: Derivation, builder: Builder) -> Section:
     section = Section("Loss Hessian", r"Each block $H_{V,W} = H^{\mathrm{GN}}_{V,W} + "
                       r"H^{\mathrm{F}}_{V,W}$ of shape $n_V \times n_W$: the Gauss--Newton "
                       r"part $J_V^{\top} (\partial^2 \ell / \partial Z^2) J_W$ and the "
-                      r"functional part $(\partial \ell / \partial Z \otimes I_{n_V}) "
-                      r"\partial^2 Z / \partial V \partial W$, both contracted with the "
+                      r"functional part $(\operatorname{vec}_r(\partial \ell / \partial "
+                      r"Z)^{\top} \otimes I_{n_V}) \partial^2 Z / \partial V \partial W$, "
+                      r"both contracted with the "
                       r"adjoints before expanding. Parameter blocks are averaged over the "
-                      r"batch; the $X, X$ block is per sample. The output Jacobians $J_V$ "
+                      r"batch; the blocks in $X$ are per sample. The output Jacobians $J_V$ "
                       r"and second derivatives $\partial^2 Z / \partial V \partial W$ the "
                       r"statements read, and the stored derivatives $\dot N$, $\ddot N$ of "
                       r"their index forms, are derived node by node in the appendix.")
+    if der.config.loss == "cross_entropy":
+        section.text += (r" For the cross-entropy, $P$ is the rows' softmax and $w$ their "
+                         r"weights (1, or 0 for a row whose target is ignored); its "
+                         r"$\partial \ell / \partial Z$ and $\partial^2 \ell / \partial Z^2$ "
+                         r"as stated hold for one-hot target rows, the targets curvgap takes.")
     for v, w in der.nodes("loss_hessian"):
         block = Block(f"${builder.notation(v)}, {builder.notation(w)}$")
         for assign in der.graph.in_group(f"loss_hessian_{v}_{w}"):
             block.formulas.append(builder.formula(
-                assign, note="averaged over the batch" if assign.mean_over_batch else ""))
+                assign, note="per sample: the block is its mean over the batch"
+                if assign.mean_over_batch else ""))
         section.blocks.append(block)
     return section
 

@@ -22,7 +22,7 @@ def statements(source: Config | Program | Derivation, heading: str = "###",
     der = source if isinstance(source, Derivation) else derive(source)
     context = document_context(der, BACKEND, **options)
     lines = [f"{heading} Symbols", "", "| symbol | shape | role |" + (
-        " in the code |" if context["code_names"] else ""),
+        " name (for `names=`) |" if context["code_names"] else ""),
              "| --- | --- | --- |" + (" --- |" if context["code_names"] else "")]
     lines += ["| " + " | ".join(_text(cell) for cell in row) + " |"
               for row in context["symbols"]]
@@ -32,9 +32,10 @@ def statements(source: Config | Program | Derivation, heading: str = "###",
     for section in context["sections"]:
         if section.appendix:
             continue
-        lines += ["", f"{heading} {section.title}", ""]
+        lines += ["", f"{heading} {section.title}", "", _text(section.text), ""]
         for block in section.blocks:
-            lines += [f"**{_text(block.title)}**", ""]
+            notes = sorted({f.note for f in block.formulas if f.note})
+            lines += [f"**{_text(block.title)}**" + "".join(f" ({n})" for n in notes), ""]
             lines.append(_display([(f.matrix_lhs, f.matrix_lines) if f.matrix_lines
                                    else (f.lhs, f.index_lines) for f in block.formulas]))
             lines.append("")
@@ -48,6 +49,6 @@ def _display(rows: list[tuple[str, list[str]]]) -> str:
 
 
 def _text(cell: str) -> str:
-    """A LaTeX text cell as Markdown: ``\\texttt{a\\_b}`` as code, ``\\_`` as ``_``."""
+    """LaTeX text as Markdown: ``\\texttt{a\\_b}`` as code, ``\\_`` as ``_``, ``--`` a dash."""
     cell = re.sub(r"\\texttt\{(.*?)\}", lambda m: f"`{m.group(1)}`", cell)
-    return cell.replace(r"\_", "_")
+    return cell.replace(r"\_", "_").replace("--", "–")

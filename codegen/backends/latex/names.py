@@ -22,6 +22,7 @@ the program's (as the document's symbol table lists them), a size by its symbol 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from ....derivations.program import Program
@@ -50,8 +51,12 @@ _SOFTMAX_PARTS = {"T_max": r"\max", "T_shift": r"\mathrm{shift}", "T_mask": r"\m
                   "T_masked": r"\mathrm{masked}", "E_sum": r"\mathrm{sum}"}
 _CONSTANTS = {"select": "e", "causal": "M", "shift": "P", "border": "B"}
 #: Letters free for intermediates no rule names (X, Z, T, D, L, I, H, J, K, A, S, E, Q, V,
-#: W, Y, C, N and the like have meanings in the documents).
-_FREE_LETTERS = "MPRBFGOJ"
+#: W, Y, C, N and the like have meanings in the documents; a letter a rule also gives is
+#: told apart by a subscript).
+_FREE_LETTERS = "MPRBFGO"
+#: Symbols the document gives to what is not the program's (the target, the loss's residual
+#: and value, the Jacobians' letter, π); ``X`` and ``Z`` only the input and the output.
+RESERVED = frozenset({"X", "Z", "T", "D", r"\ell", "J", r"\pi"})
 
 
 def size_hints(attributes: Mapping[str, int]) -> dict[str, int]:
@@ -70,26 +75,33 @@ def size_hints(attributes: Mapping[str, int]) -> dict[str, int]:
 
 
 def size_symbols(program: Program, hints: Mapping[str, int],
-                 chosen: Mapping[str, int] = {}) -> dict[str, str]:
+                 chosen: Mapping[str, int] | None = None) -> dict[str, str]:
     """Each of the program's sizes as LaTeX: its own name for the input's (``L``, ``d``), the
-    one symbol its value is ``chosen`` or hinted as, else its number."""
-    sizes = dict(program.sizes)
+    one symbol its value is ``chosen`` or hinted as, else its number. A symbol of the input's
+    own (``d``) names no other size of another value."""
+    sizes, chosen = dict(program.sizes), dict(chosen or {})
     by_value: dict[int, set[str]] = {}
     for symbol, value in hints.items():
         by_value.setdefault(value, set()).add(symbol)
     for value in set(chosen.values()):
         by_value[value] = {s for s, v in chosen.items() if v == value}
     own = {a for dim in program.X.shape for a in dim}
+    own_values = {_size_name(n): sizes.get(n) for n in own}
     out = {}
     for name, value in program.sizes:
         if value is None or name in own or not re.fullmatch(r"n\d+(_\d+)?", name):
-            out[name] = name if len(name) == 1 else f"{name[0]}_{{{name[1:].lstrip('_')}}}"
+            out[name] = _size_name(name)
             continue
-        candidates = set(by_value.get(value, ()))
+        candidates = {s for s in by_value.get(value, ()) if own_values.get(s, value) == value}
         if value not in chosen.values():
-            candidates |= {n for n in own if sizes.get(n) == value}
+            candidates |= {_size_name(n) for n in own if sizes.get(n) == value}
         out[name] = candidates.pop() if len(candidates) == 1 else str(value)
     return out
+
+
+def _size_name(name: str) -> str:
+    """A size's own name as LaTeX (``d_k`` for ``dk`` or ``d_k``)."""
+    return name if len(name) == 1 else f"{name[0]}_{{{name[1:].lstrip('_')}}}"
 
 
 def _short(path: str) -> str:
@@ -104,7 +116,10 @@ def _short(path: str) -> str:
 
 
 def _subscript(text: str) -> str:
-    return text if len(text) == 1 or text.isdigit() else rf"\mathrm{{{text.replace('_', '')}}}"
+    """A name as a subscript: one letter or a number as it is, a word upright; only its
+    letters and digits (a ``ModuleDict`` key may hold anything)."""
+    text = re.sub(r"[^A-Za-z0-9]", "", text)
+    return text if len(text) <= 1 or text.isdigit() else rf"\mathrm{{{text}}}"
 
 
 def tensor_symbols(program: Program) -> dict[str, Symbol]:
@@ -150,7 +165,8 @@ def _operations(program: Program, symbols: dict[str, Symbol]) -> dict[str, Symbo
             k = softmaxes.index(op) + 1
             sub = str(k) if len(softmaxes) > 1 else ""
             out[op.out] = Symbol("A", sub)
-            out[op.source.name] = Symbol("S", sub)
+            if op.source.name not in symbols:  # a computed argument, not X or a parameter
+                out[op.source.name] = Symbol("S", sub)
             out[f"{op.out}_E"] = Symbol("E", sub)
             for part, text in _SOFTMAX_PARTS.items():
                 head = "E" if part.startswith("E") else "S"
@@ -196,7 +212,7 @@ def _is_param(program: Program, name: str) -> bool:
 def _next_free(free: Iterator[str], spare: int) -> Symbol:
     """The next free letter, then ``U_k`` (``spare`` counts the letters taken so far)."""
     letter = next(free, None)
-    return Symbol(letter) if letter else Symbol("U", str(spare - len(_FREE_LETTERS)))
+    return Symbol(letter) if letter else Symbol("U", str(spare - len(_FREE_LETTERS) + 1))
 
 
 def _qkv(program: Program, out: dict[str, Symbol]) -> None:
@@ -214,32 +230,43 @@ def _qkv(program: Program, out: dict[str, Symbol]) -> None:
 
 
 def _distinct(symbols: dict[str, Symbol], program: Program) -> dict[str, Symbol]:
-    """Tensors that would print alike, told apart by their submodule (parameters) or a
-    number; selections of equal size may share theirs (``e_1`` is ``e_1``)."""
+    """Tensors that would print alike, or as a symbol of :data:`RESERVED`, told apart by their
+    submodule or else a number, until every symbol is one tensor's; selections of equal size
+    may share theirs (``e_1`` is ``e_1``)."""
     paths = {op.out: op.path for op in program.ops}
     paths |= {p.name: p.source.rpartition(".")[0] for p in program.params}
-    seen: dict[str, list[str]] = {}
+    own = {program.X.name, program.output.name}
+    counts = Counter(symbol.latex() for name, symbol in symbols.items()
+                     if not name.startswith("c_select"))
+    used = set(RESERVED) | {symbol.latex() for name, symbol in symbols.items()
+                            if counts[symbol.latex()] == 1 and symbol.latex() not in RESERVED}
+    out = dict(symbols)
     for name, symbol in symbols.items():
-        if not name.startswith("c_select"):
-            seen.setdefault(symbol.latex(), []).append(name)
-    for clash in (names for names in seen.values() if len(names) > 1):
-        for k, name in enumerate(clash, 1):
-            symbol = symbols[name]
-            parent = _short(paths.get(name, "").rpartition(".")[0])
-            extra = _subscript(parent) if parent and name in paths else str(k)
-            sub = ",".join(s for s in (extra, symbol.sub) if s)
-            symbols[name] = Symbol(symbol.head, sub, symbol.sup, symbol.accent)
-    return symbols
+        latex = symbol.latex()
+        if name.startswith("c_select") or name in own or (
+                counts[latex] == 1 and latex not in RESERVED):
+            continue
+        parent = _subscript(_short(paths.get(name, "").rpartition(".")[0]))
+        extras = ([parent] if parent else []) + [str(k) for k in range(1, len(symbols) + 2)]
+        for extra in extras:
+            candidate = Symbol(symbol.head, ",".join(s for s in (extra, symbol.sub) if s),
+                               symbol.sup, symbol.accent)
+            if candidate.latex() not in used:
+                out[name] = candidate
+                used.add(candidate.latex())
+                break
+    return out
 
 
 def program_names(program: Program, hints: Mapping[str, int],
                   names: Mapping[str, str | int]) -> tuple[dict[str, Symbol], dict[str, str]]:
     """The program's tensor symbols and size symbols (LaTeX), with ``names`` applied: a
     string for a tensor (by the module's name or the program's), an integer for a size
-    (``{"d_k": 3}``: the size 3 prints as ``d_k``)."""
+    (``{"d_k": 3}``: the size 3 prints as ``d_k``). Two tensors never share a symbol."""
     sources = {p.source: p.name for p in program.params if p.source}
     symbols = tensor_symbols(program)
     sizes: dict[str, int] = {}
+    chosen: dict[str, str] = {}
     for key, value in names.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"names: expected names as strings, got {key!r}")
@@ -248,35 +275,46 @@ def program_names(program: Program, hints: Mapping[str, int],
                 raise ValueError(
                     f"names: the size {key!r} = {value}: expected one of the module's sizes "
                     f"{sorted({v for _, v in program.sizes if v is not None})}")
-            sizes[_latex_name(key, "names")] = value
+            sizes[_as_symbol(key, "names").latex()] = value
         elif isinstance(value, str):
             tensor = sources.get(key, key)
-            if tensor not in symbols:
-                known = sorted(sources) + sorted(n for n in symbols if n not in sources.values())
+            if tensor not in symbols or tensor == program.X.name:
+                known = sorted(sources) + sorted(n for n in symbols if n not in sources.values()
+                                                 and n != program.X.name)
                 raise ValueError(f"names: {key!r} names no tensor of this module; expected "
                                  f"one of {known[:12]}{' ...' if len(known) > 12 else ''} "
                                  "(the symbol table lists them), or a size as name=int")
-            symbols[tensor] = _as_symbol(_latex_name(value, f"names[{key!r}]"))
+            symbols[tensor] = _as_symbol(value, f"names[{key!r}]")
+            chosen[symbols[tensor].latex()] = key
         else:
             raise ValueError(f"names[{key!r}]: expected a LaTeX symbol (str) or a size (int), "
                              f"got {type(value).__name__}")
+    taken = Counter(symbol.latex() for name, symbol in symbols.items()
+                    if not name.startswith("c_select"))
+    for latex, key in chosen.items():
+        if taken[latex] > 1 or latex in RESERVED:
+            raise ValueError(f"names[{key!r}]: {latex!r} is the symbol of another tensor of "
+                             "the document; choose one no other tensor has")
     return symbols, size_symbols(program, hints, sizes)
 
 
-def _latex_name(text: str, where: str) -> str:
-    """``text`` if it can stand as a symbol (braces balanced, no ``$`` or line break)."""
-    depth = 0
-    for char in text:
-        depth += (char == "{") - (char == "}")
-        if depth < 0:
-            break
-    if not text.strip() or depth or any(c in text for c in "$%#&\n"):
-        raise ValueError(f"{where}: expected a LaTeX symbol such as 'W_q' or r'\\lambda' "
-                         f"(balanced braces, no $ % # & or line break), got {text!r}")
-    return text
+#: a symbol ``names=`` may give: a letter or a command (``\lambda``, ``\mathrm{gate}``), with
+#: a subscript and a superscript of letters, digits and commas
+_SYMBOL = re.compile(r"(?P<head>[A-Za-z]|\\[A-Za-z]+(?:\{[A-Za-z0-9]+\})?)"
+                     r"(?:_(?:\{(?P<sub>[A-Za-z0-9,\\ ]+)\}|(?P<sub1>[A-Za-z0-9])))?"
+                     r"(?:\^(?:\{(?P<sup>[A-Za-z0-9,()\\ ]+)\}|(?P<sup1>[A-Za-z0-9])))?")
+#: TeX commands that read or write files or change TeX itself: never a symbol
+_UNSAFE = re.compile(r"\\(input|include|openin|openout|read|write|immediate|def|let|catcode|"
+                     r"csname|end|begin|special|usepackage|newcommand|renewcommand)\b")
 
 
-def _as_symbol(text: str) -> Symbol:
-    """``W_{q}`` or ``W_q`` as a head and a subscript (derived symbols decorate the head)."""
-    match = re.fullmatch(r"(\\[A-Za-z]+|[A-Za-z])_(?:\{(.*)\}|(\w))", text)
-    return Symbol(match.group(1), match.group(2) or match.group(3)) if match else Symbol(text)
+def _as_symbol(text: str, where: str) -> Symbol:
+    """``text`` (``W_{q}``, ``W_q``, ``\\lambda_1``) as a head, a subscript and a superscript
+    (derived symbols decorate the head); a clear error for anything else."""
+    match = _SYMBOL.fullmatch(text.strip())
+    if match is None or _UNSAFE.search(text):
+        raise ValueError(f"{where}: expected a LaTeX symbol such as 'W_q', 'W_{{q,1}}' or "
+                         f"r'\\lambda_1' (a letter or command, a subscript and superscript "
+                         f"of letters and digits), got {text!r}")
+    return Symbol(match["head"], match["sub"] or match["sub1"] or "",
+                  match["sup"] or match["sup1"] or "")

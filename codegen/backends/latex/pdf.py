@@ -34,7 +34,8 @@ def compile_pdf(text: str, pdf: Path) -> str:
         (Path(work) / "document.tex").write_text(text, encoding="utf-8")
         for _ in range(2):  # the second run fills in the table of contents
             run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                                  "document.tex"], cwd=work, capture_output=True, text=True)
+                                  "document.tex"], cwd=work, capture_output=True, text=True,
+                                 errors="replace")
             if run.returncode:
                 raise PdfError(f"pdflatex failed on the document for {pdf}:\n"
                                f"{run.stdout[-3000:]}")

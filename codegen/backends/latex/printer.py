@@ -60,6 +60,16 @@ def base_symbol(name: str) -> Symbol:
     return Symbol(head, sub, sup)
 
 
+_TEXT_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&",
+                  "#": r"\#", "^": r"\^{}", "_": r"\_", "%": r"\%", "~": r"\~{}"}
+
+
+def tex_text(text: str) -> str:
+    """``text`` (a module path, a name from the code) as LaTeX text, its special characters
+    escaped."""
+    return "".join(_TEXT_SPECIALS.get(char, char) for char in text)
+
+
 #: Elementwise functions printed wider than this are named, and defined apart.
 LONG_FUNCTION = 18
 
