@@ -41,13 +41,16 @@ def check(args: argparse.Namespace) -> None:
         written = (".tex", ".pdf") if args.pdf else (".tex",)
         if ":" in args.name:  # a module, package.module:Class
             name = module_arguments(args)
+            folder = _folder(args.out)
         else:
             for option, value in (("--args", args.args), ("--shape", args.shape)):
                 if value is not None:
                     raise ConfigError(f"{option}: only for a module given as "
                                       f"package.module:Class, got NAME {args.name!r}")
-            name = load(latex_path(args.name)).name
-        output.check_files(_folder(args.out), [name + suffix for suffix in written])
+            path = latex_path(args.name)
+            folder = _folder(args.out)  # before reading the config (which imports SymPy)
+            name = load(path).name
+        output.check_files(folder, [name + suffix for suffix in written])
     else:
         if args.command == "bench" and args.config not in _shipped():
             raise ConfigError(f"--config: expected a shipped config name "

@@ -57,7 +57,8 @@ def _blocks() -> dict[str, tuple[torch.nn.Module, torch.Tensor, list[str]]]:
     }
 
 
-BLOCKS = ["differential attention", "gated residual", "pre-norm block", "GPT-2 block"]
+BLOCKS = ["differential attention", *(pytest.param(name, marks=pytest.mark.slow) for name in
+                                      ("gated residual", "pre-norm block", "GPT-2 block"))]
 
 
 @pytest.mark.parametrize("name", BLOCKS)
@@ -201,6 +202,7 @@ def test_cli_refuses_what_is_no_module_class(name, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a GPT-2 block read and typeset: 25 s
 def test_the_readme_shows_lines_its_example_writes():
     """The README's two lines of LaTeX come out of its own quick start's ``c.latex(X)``."""
     transformers = pytest.importorskip("transformers")
