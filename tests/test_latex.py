@@ -11,6 +11,7 @@ import pytest
 import sympy as sp
 import torch
 from conftest import SHIPPED, as_numpy, generated_module, to_backend
+from matrix_forms import assert_matrix_forms
 
 from curvgap.cli import main
 from curvgap.codegen.backends.latex import BACKEND as LATEX
@@ -48,12 +49,6 @@ def _sample_values(der, dims, rng, given: dict | None = None) -> dict:
     return evaluate.evaluate(der.graph, der.graph.assigns, values, dims)
 
 
-def _paper_layout(array: np.ndarray, target, rows, cols) -> np.ndarray:
-    order = [target.indices.index(i) for i in rows + cols]
-    n_rows = int(np.prod([array.shape[target.indices.index(i)] for i in rows]))
-    return np.transpose(array, order).reshape(n_rows, -1)
-
-
 @pytest.mark.parametrize("name", ["self_attention", "layernorm_affine", "ffn", "paper_block",
                                   "classifier_head",  # a cross-entropy
                                   pytest.param("gpt2_block", marks=pytest.mark.slow)])  # 15 s
@@ -63,17 +58,7 @@ def test_every_matrix_form_equals_its_index_form(name):
     der = derive(SHIPPED[name])
     dims = _sizes(der.config)
     values = _sample_values(der, dims, np.random.default_rng(0))
-    builder = builder_for(der, _notation(der))
-    checked = 0
-    for assign in der.graph.assigns:
-        matrix = builder.matrix(assign)
-        if matrix is None or matrix[2] is None:
-            continue
-        rows, cols, form = matrix
-        expected = _paper_layout(values[assign.target.name], assign.target, rows, cols)
-        np.testing.assert_allclose(form.evaluate(values, dims), expected, rtol=1e-12,
-                                   atol=1e-12, err_msg=assign.target.name)
-        checked += 1
+    checked = assert_matrix_forms(der, values, dims)
     assert checked >= 30
 
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 from families import D_FF, DTYPE, D, DifferentialAttention, GatedResidual, PreNormBlock, gpt2_block
+from matrix_forms import assert_matrix_forms
 from reference import randomise
 
 import curvgap
 from curvgap.adapters.formulas import module_statements
 from curvgap.cli import main
 from curvgap.codegen.backends.latex import pdf as pdf_module
-from curvgap.codegen.backends.latex.document import _notation, builder_for
 from curvgap.derivations import evaluate, sizes
 from curvgap.derivations.derivation import derive
 
@@ -146,23 +146,9 @@ def test_every_matrix_form_of_a_modules_document_equals_its_index_form(name):
               for t in der.graph.tensors.values()
               if t.role in ("input", "param", "target", "direction", "constant")}
     values = evaluate.evaluate(der.graph, der.graph.assigns, values, dims)
-    builder = builder_for(der, _notation(der))
-    checked = 0
-    for assign in der.graph.assigns:
-        matrix = builder.matrix(assign)
-        if matrix is None or matrix[2] is None:
-            continue
-        rows, cols, form = matrix
-        order = [assign.target.indices.index(i) for i in rows + cols]
-        array = values[assign.target.name]
-        n_rows = int(np.prod([array.shape[assign.target.indices.index(i)] for i in rows]))
-        expected = np.transpose(array, order).reshape(n_rows, -1)
-        # entries that cancel in sums of thousands of products of size 1e3: to rounding of
-        # the largest entry
-        np.testing.assert_allclose(form.evaluate(values, dims), expected, rtol=1e-12,
-                                   atol=1e-12 * max(1.0, np.abs(expected).max()),
-                                   err_msg=assign.target.name)
-        checked += 1
+    # entries that cancel in sums of thousands of products of size 1e3: to rounding of the
+    # largest entry
+    checked = assert_matrix_forms(der, values, dims, atol_of_largest=True)
     assert checked >= 20
 
 
