@@ -63,7 +63,8 @@ class Builder:
         self.constants: dict[str, Constant] = {}
         self.declared: dict[tuple, Value] = {}
         self.mapped: dict[tuple, tuple] = {}
-        self.names: set[str] = {"X"}
+        # the input's name and those the derivation gives the target and the loss's nodes
+        self.names: set[str] = {"X", "Z", "T", "D", "ell"}
         self.params: dict[str, str] = {}
         self.labels = 0
         self.guards: list[tuple[str, str, str]] = []
@@ -133,6 +134,8 @@ class Builder:
     def name(self, hint: str) -> str:
         """A fresh program tensor name from ``hint``."""
         base = _identifier(hint)
+        if base.startswith("ce_"):  # the cross-entropy's nodes are ce_*
+            base = f"p_{base}"
         name, k = base, 1
         while name in self.names:
             k += 1

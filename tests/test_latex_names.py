@@ -15,7 +15,7 @@ import pytest
 import torch
 from families import D_FF, DTYPE, D, DifferentialAttention, GatedResidual, PreNormBlock, gpt2_block
 from matrix_forms import assert_matrix_forms
-from reference import randomise
+from reference import Reference, randomise, relative
 
 import curvgap
 from curvgap.adapters.formulas import module_statements
@@ -233,13 +233,40 @@ class Clashing(torch.nn.Module):
         return self.down(torch.tanh(self.up(self.t(self.t(x)))))
 
 
+class LossNamed(torch.nn.Module):
+    """Parameters named as the derivation names the target and the loss's nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.D, self.T, self.ell, self.ce_w = (torch.nn.Parameter(torch.randn(4))
+                                               for _ in range(4))
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.D + self.T * self.ell - self.ce_w
+
+
+def test_parameters_named_as_the_losss_nodes_are_derived_exactly():
+    """A parameter ``D`` (Mamba's skip weight) or ``T`` stopped the derivation with "D
+    declared twice"; it is a parameter like any other."""
+    module = randomise(LossNamed().to(DTYPE))
+    generator = torch.Generator().manual_seed(0)
+    X, T = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(2))
+    c = curvgap.curvature(module)
+    assert relative(c.gradient(X, T), Reference(module, X, T).gradient()) <= 1e-10
+    labels = torch.randint(0, 4, (2, 3), generator=generator)  # the ce_* nodes too
+    ce = curvgap.curvature(module, loss="cross_entropy")
+    assert relative(ce.gradient(X, labels), Reference(module, X, labels, loss="cross_entropy")
+                    .gradient()) <= 1e-10
+
+
 def _symbol_rows(tex: str) -> list[list[str]]:
     table = tex.split(r"\subsection*{Symbols}")[1].split(r"\end{longtable}")[0]
     return [row.split(" & ") for row in table.splitlines() if row.startswith("$")]
 
 
-@pytest.mark.parametrize("module", [Clashing(), torch.nn.LayerNorm(4)],
-                         ids=["clashing names", "a top-level norm"])
+@pytest.mark.parametrize("module", [Clashing(), torch.nn.LayerNorm(4), LossNamed()],
+                         ids=["clashing names", "a top-level norm", "named as the loss's"])
 def test_no_two_tensors_share_a_symbol(module):
     X = torch.randn(2, 3, 4, dtype=DTYPE)
     tex = curvgap.curvature(module.to(DTYPE)).latex(X)
