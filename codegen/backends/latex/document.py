@@ -15,6 +15,7 @@ import sympy as sp
 
 from ....derivations import matrixform as mf
 from ....derivations.config import Config
+from ....derivations.decomposition import decomposed_forms
 from ....derivations.derivation import Derivation
 from ....derivations.description import describe
 from ....derivations.graph import Assign, Graph
@@ -23,7 +24,6 @@ from ....derivations.paper import WEIGHTS, BlockObjects
 from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
-from .decomposition import decomposed_forms
 from .names import program_names, size_hints
 from .printer import LatexPrinter, Notation, ScalarPrinter, Symbol, tex_text, width
 

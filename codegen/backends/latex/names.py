@@ -21,6 +21,7 @@ the program's (as the document's symbol table lists them), a size by its symbol 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -155,8 +156,7 @@ def _operations(program: Program, symbols: dict[str, Symbol]) -> dict[str, Symbo
     softmaxes = [op for op in program.ops if op.kind == "softmax"]
     norms = list(dict.fromkeys(op.path for op in program.ops if _NORM.fullmatch(op.out)))
     selections: dict[str, int] = {}
-    free = iter(c for c in _FREE_LETTERS)
-    spare = 0
+    free = _free_symbols()
     for op in program.ops:
         operands = [o.name for t in op.terms for o in t.operands]
         if op.out == program.output.name:
@@ -184,7 +184,7 @@ def _operations(program: Program, symbols: dict[str, Symbol]) -> dict[str, Symbo
             source = next((n for n in operands if n in out), None)
             selector = next((n for n in operands if n.startswith("c_select")), None)
             if source is None or selector is None:
-                out[op.out] = _next_free(free, spare := spare + 1)
+                out[op.out] = next(free)
                 continue
             selections[source] = selections.get(source, 0) + 1
             m = selections[source]
@@ -193,8 +193,7 @@ def _operations(program: Program, symbols: dict[str, Symbol]) -> dict[str, Symbo
                                  base.sup)
             out[selector] = Symbol("e", str(m))
         else:
-            spare += 1
-            out[op.out] = _next_free(free, spare)
+            out[op.out] = next(free)
     _qkv(program, out)
     for constant in program.constants:
         if constant.name not in out:
@@ -209,10 +208,10 @@ def _is_param(program: Program, name: str) -> bool:
     return any(p.name == name for p in program.params)
 
 
-def _next_free(free: Iterator[str], spare: int) -> Symbol:
-    """The next free letter, then ``U_k`` (``spare`` counts the letters taken so far)."""
-    letter = next(free, None)
-    return Symbol(letter) if letter else Symbol("U", str(spare - len(_FREE_LETTERS) + 1))
+def _free_symbols() -> Iterator[Symbol]:
+    """The symbols of intermediates no rule names: the free letters, then ``U_1``, ``U_2``…"""
+    yield from (Symbol(letter) for letter in _FREE_LETTERS)
+    yield from (Symbol("U", str(k)) for k in itertools.count(1))
 
 
 def _qkv(program: Program, out: dict[str, Symbol]) -> None:

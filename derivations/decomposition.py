@@ -1,5 +1,6 @@
 """The loss-Hessian blocks in matrix form by the Gauss–Newton decomposition, over the output
-Jacobians ``J_V`` and second derivatives ``∂²Z/∂V∂W`` that a document derives in its appendix:
+Jacobians ``J_V`` and second derivatives ``∂²Z/∂V∂W`` the derivation holds (a document
+states them first and derives those in its appendix):
 ``H^GN_{V,W} = J_V^T (∂²ℓ/∂Z²) J_W`` and ``H^F_{V,W} = (vec_r(∂ℓ/∂Z)^T ⊗ I_{n_V}) ∂²Z/∂V∂W``,
 with the loss's own derivatives in matrix form (the mean squared error, a linear loss, the
 cross-entropy over rows)."""
@@ -10,9 +11,9 @@ from collections.abc import Callable
 
 import sympy as sp
 
-from ....derivations import matrixform as mf
-from ....derivations.derivation import Derivation
-from ....derivations.indexform import Index, Ref
+from . import matrixform as mf
+from .derivation import Derivation
+from .indexform import Index, Ref
 
 Leaf = Callable[[str, int], "mf.MatLeaf | None"]
 
