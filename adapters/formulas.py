@@ -40,7 +40,7 @@ def module_document(module: torch.nn.Module, program: Program, title: str,
     names and the caller's ``names``; compiled into ``pdf`` when given."""
     if names is not None and not isinstance(names, Mapping):
         raise ValueError(f"names: expected a dict of symbols, got {type(names).__name__}")
-    text = document(_titled(program, title), attributes=size_attributes(module),
+    text = document(titled(program, title), attributes=size_attributes(module),
                     names=dict(names or {}))
     if pdf is not None:
         compile_pdf(text, Path(pdf))
@@ -71,10 +71,10 @@ def module_statements(c: Any, X: torch.Tensor, heading: str = "###", **inputs: A
     as Markdown with display math, for a web page (the module ``c`` a
     :class:`~curvgap.adapters.curvature.Curvature`)."""
     module, program, title = program_of(c, X, None, inputs)
-    return statements(_titled(program, title), heading, attributes=size_attributes(module))
+    return statements(titled(program, title), heading, attributes=size_attributes(module))
 
 
-def _titled(program: Program, title: str) -> Program:
+def titled(program: Program, title: str) -> Program:
     """``program`` named for its document, with the output Hessians its blocks cite."""
     return dataclasses.replace(program, name=re.sub(r"\W", "_", title), title=title,
                                scope="all")

@@ -51,6 +51,11 @@ def check(args: argparse.Namespace) -> None:
             folder = _folder(args.out)  # before reading the config (which imports SymPy)
             name = load(path).name
         output.check_files(folder, [name + suffix for suffix in written])
+    elif args.command == "formula-diff":
+        diff_arguments(args)
+        folder = _folder(args.out)
+        output.check_files(folder, ["formula_diff" + suffix for suffix in
+                                    ((".tex", ".pdf") if args.pdf else (".tex",))])
     else:
         if args.command == "bench" and args.config not in _shipped():
             raise ConfigError(f"--config: expected a shipped config name "
@@ -58,15 +63,15 @@ def check(args: argparse.Namespace) -> None:
         args.out = _results_folder(args)
 
 
-def latex_path(name: str) -> Path:
+def latex_path(name: str, option: str = "NAME") -> Path:
     """The config file ``curvgap latex NAME`` typesets: the shipped config of that name, else
-    the file ``NAME``."""
+    the file ``NAME`` (the argument ``option``)."""
     if name in _shipped():
         return CONFIGS / f"{name}.toml"
     if not name.endswith(".toml") and not Path(name).exists():
-        raise ConfigError(f"NAME: expected a shipped config name ({', '.join(_shipped())}) "
+        raise ConfigError(f"{option}: expected a shipped config name ({', '.join(_shipped())}) "
                           f"or a .toml file, got {name!r}")
-    _check_file(name, "NAME", "a shipped config name or a .toml file")
+    _check_file(name, option, "a shipped config name or a .toml file")
     return Path(name)
 
 
@@ -74,27 +79,68 @@ def module_arguments(args: argparse.Namespace) -> str:
     """Check ``curvgap latex package.module:Class --args JSON --shape B,L,d``: ``args.kwargs``
     becomes the constructor's keyword arguments (a JSON object, never evaluated as code) and
     ``args.shape`` the input's shape; the class's name (the document's) is returned."""
-    if not MODULE_SPEC.fullmatch(args.name):
-        raise ConfigError(f"NAME: expected a module as package.module:Class (dotted Python "
-                          f"names), got {args.name!r}")
+    _module_spec(args.name, "NAME")
+    args.kwargs, args.shape = _kwargs(args.args, "--args"), _shape(args.shape)
+    return args.name.rpartition(".")[2].rpartition(":")[2]
+
+
+def diff_arguments(args: argparse.Namespace) -> None:
+    """Check ``curvgap formula-diff A B``: each of ``A`` and ``B`` a module
+    (``package.module:Class``, then ``args.kwargs_a``, ``args.kwargs_b`` its constructor's
+    arguments: ``--args``, updated by ``--args-b`` for ``B``, and ``args.shape`` the input's
+    shape) or a config (a shipped name or a TOML file, loaded)."""
+    modules = [":" in spec for spec in (args.a, args.b)]
+    if args.labels is not None:
+        labels = args.labels.split(",")
+        if len(labels) != 2 or not all(x.strip() for x in labels):
+            raise ConfigError(f"--labels: expected two names separated by a comma, such as "
+                              f"post-LN,pre-LN, got {args.labels!r}")
+    for option, spec, module in (("A", args.a, modules[0]), ("B", args.b, modules[1])):
+        if module:
+            _module_spec(spec, option)
+        else:
+            load(latex_path(spec, option))
+    if not any(modules):
+        for option, value in (("--args", args.args), ("--args-b", args.args_b),
+                              ("--shape", args.shape)):
+            if value is not None:
+                raise ConfigError(f"{option}: only for a module given as package.module:Class, "
+                                  f"got configs {args.a!r} and {args.b!r}")
+        return
+    args.kwargs_a = _kwargs(args.args, "--args")
+    args.kwargs_b = {**args.kwargs_a, **_kwargs(args.args_b, "--args-b")}
+    args.shape = _shape(args.shape)
+
+
+def _module_spec(spec: str, option: str) -> None:
+    if not MODULE_SPEC.fullmatch(spec):
+        raise ConfigError(f"{option}: expected a module as package.module:Class (dotted Python "
+                          f"names), got {spec!r}")
+
+
+def _kwargs(text: str | None, option: str) -> dict:
+    """A constructor's keyword arguments given as a JSON object (never evaluated as code)."""
     try:
-        kwargs = json.loads(args.args or "{}")
+        kwargs = json.loads(text or "{}")
     except json.JSONDecodeError as error:
-        raise ConfigError(f"--args: expected the constructor's keyword arguments as a JSON "
-                          f"object such as '{{\"d\": 8}}', got {args.args!r} ({error.msg})"
+        raise ConfigError(f"{option}: expected the constructor's keyword arguments as a JSON "
+                          f"object such as '{{\"d\": 8}}', got {text!r} ({error.msg})"
                           ) from None
     if not isinstance(kwargs, dict):
-        raise ConfigError(f"--args: expected a JSON object of keyword arguments, got "
-                          f"{args.args!r}")
-    if args.shape is None:
+        raise ConfigError(f"{option}: expected a JSON object of keyword arguments, got {text!r}")
+    return kwargs
+
+
+def _shape(text: str | None) -> tuple[int, ...]:
+    """A module's input shape given as ``B,L,D``."""
+    if text is None:
         raise ConfigError("--shape: a module needs its input's shape, such as 2,8,16 (batch, "
                           "length, width), got none")
-    parts = args.shape.split(",")
+    parts = text.split(",")
     if not all(p.strip().isdigit() and int(p) >= 1 for p in parts) or len(parts) < 2:
         raise ConfigError(f"--shape: expected two or more positive integers separated by "
-                          f"commas (batch first), such as 2,8,16, got {args.shape!r}")
-    args.kwargs, args.shape = kwargs, tuple(int(p) for p in parts)
-    return args.name.rpartition(".")[2].rpartition(":")[2]
+                          f"commas (batch first), such as 2,8,16, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _shipped() -> list[str]:

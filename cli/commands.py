@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .._extras import MissingExtra, missing
 from ..codegen import output
@@ -47,11 +48,57 @@ def _latex(name: str, out: str, pdf: bool) -> int:
 def _latex_module(spec: str, kwargs: dict, shape: tuple[int, ...], out: str, pdf: bool) -> int:
     """``curvgap latex package.module:Class``: build the module (float64, eval mode), read it
     on a random input of ``shape`` and write ``OUT/Class.tex`` (and, with ``--pdf``, the PDF)."""
+    from .. import adapters
+
+    module = _module(spec, kwargs)
+    if isinstance(module, int):
+        return module
+    tex = Path(out) / f"{spec.rpartition(':')[2].rpartition('.')[2]}.tex"
+    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        output.write_file(tex, adapters.curvature(module).latex(_input(shape)))
+    except (adapters.UnsupportedLayer, adapters.UnsupportedOperation, ValueError,
+            output.OutputError, OSError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {tex}")
+    return _pdf(tex) if pdf else 0
+
+
+def _formula_diff(args: argparse.Namespace) -> int:
+    """``curvgap formula-diff A B``: what changes in the formulas from ``A`` to ``B`` (modules
+    or configs), written to ``OUT/formula_diff.tex`` (and, with ``--pdf``, the PDF)."""
+    from .. import adapters
+    from ..adapters.comparison import formula_diff
+
+    sources = []
+    for spec, kwargs in ((args.a, getattr(args, "kwargs_a", {})),
+                         (args.b, getattr(args, "kwargs_b", {}))):
+        source = _module(spec, kwargs) if ":" in spec else spec
+        if isinstance(source, int):
+            return source
+        sources.append(source)
+    X = _input(args.shape) if isinstance(args.shape, tuple) else None
+    labels = tuple(x.strip() for x in args.labels.split(",")) if args.labels else None
+    tex = Path(args.out) / "formula_diff.tex"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    try:
+        output.write_file(tex, formula_diff(*sources, X, labels))
+    except (adapters.UnsupportedLayer, adapters.UnsupportedOperation, ValueError,
+            output.OutputError, OSError) as error:
+        print(f"curvgap: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {tex}")
+    return _pdf(tex) if args.pdf else 0
+
+
+def _module(spec: str, kwargs: dict) -> Any:
+    """The module class ``spec`` (``package.module:Class``, imported from the current folder
+    too) built with ``kwargs`` in float64 and eval mode; an exit status after saying why
+    where it cannot be."""
     import importlib
 
     import torch
-
-    from .. import adapters
 
     where, _, qualname = spec.partition(":")
     if os.getcwd() not in sys.path:  # a module of the current folder, as `python -m` finds it
@@ -72,22 +119,18 @@ def _latex_module(spec: str, kwargs: dict, shape: tuple[int, ...], out: str, pdf
               f"is {type(found).__name__}", file=sys.stderr)
         return 2
     try:
-        module = found(**kwargs).to(torch.float64).eval()
+        return found(**kwargs).to(torch.float64).eval()
     except Exception as error:  # the user's constructor, whatever it raises
         print(f"curvgap: error: --args: {qualname}(**{kwargs}) failed: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
-    X = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    tex = Path(out) / f"{qualname.rpartition('.')[2]}.tex"
-    Path(out).mkdir(parents=True, exist_ok=True)
-    try:
-        output.write_file(tex, adapters.curvature(module).latex(X))
-    except (adapters.UnsupportedLayer, adapters.UnsupportedOperation, ValueError,
-            output.OutputError, OSError) as error:
-        print(f"curvgap: error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {tex}")
-    return _pdf(tex) if pdf else 0
+
+
+def _input(shape: tuple[int, ...]) -> Any:
+    """A module's float64 input of ``shape`` (seeded: the same every run)."""
+    import torch
+
+    return torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 
 
 def _pdf(tex: Path) -> int:
@@ -157,6 +200,21 @@ def _parser() -> argparse.ArgumentParser:
     latex.add_argument("--out", metavar="DIR", default=".",
                        help="where <name>.tex (and .pdf) go (default: the current folder)")
     latex.add_argument("--pdf", action="store_true", help="also compile it with pdflatex")
+    diff = commands.add_parser("formula-diff", help="what changes in the formulas from one "
+                                                    "block to another, side by side (LaTeX)")
+    diff.add_argument("a", metavar="A", help="the first block: a shipped config name, a config "
+                                            "file, or a module's class as package.module:Class")
+    diff.add_argument("b", metavar="B", help="the second block, as A")
+    diff.add_argument("--args", metavar="JSON",
+                      help="the modules' constructor arguments, a JSON object")
+    diff.add_argument("--args-b", metavar="JSON",
+                      help="B's arguments that differ from --args ('{\"norm_first\": true}')")
+    diff.add_argument("--shape", metavar="B,L,D",
+                      help="the modules' input shape, batch first (a float64 input)")
+    diff.add_argument("--labels", metavar="A,B", help="the two columns' headings")
+    diff.add_argument("--out", metavar="DIR", default=".",
+                      help="where formula_diff.tex (and .pdf) go (default: the current folder)")
+    diff.add_argument("--pdf", action="store_true", help="also compile it with pdflatex")
     reproduce = commands.add_parser("reproduce", help="the paper's analyses: bounds, Hessian "
                                                       "structure, scaling, convergence")
     reproduce.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
@@ -298,6 +356,8 @@ def _run(args: argparse.Namespace) -> int:
 
         reproduce_run(args.quick, args.out)
         return 0
+    if args.command == "formula-diff":
+        return _formula_diff(args)
     if args.command == "latex":
         if ":" in args.name:
             return _latex_module(args.name, args.kwargs, args.shape, args.out, args.pdf)

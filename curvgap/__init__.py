@@ -25,3 +25,15 @@ def curvature(module: Any, loss: str = "mse", fused: bool = False) -> Any:
     from .adapters import curvature as make
 
     return make(module, loss, fused)
+
+
+def formula_diff(a: Any, b: Any, X: Any = None, labels: tuple[str, str] | None = None,
+                 pdf: Any = None, markdown: bool = False, **inputs: Any) -> str:
+    """What changes in the formulas from the block ``a`` to the block ``b`` (modules read on
+    the input ``X``, or configs), as a LaTeX document (Markdown with ``markdown=True``;
+    compiled into ``pdf`` when given): each loss-Hessian block new, gone, changed (and in which
+    derivatives) or the same, and the architectures and changed first derivatives side by side
+    (:func:`curvgap.adapters.comparison.formula_diff`)."""
+    from .adapters.comparison import formula_diff as diff
+
+    return diff(a, b, X, labels, pdf, markdown, **inputs)

@@ -94,6 +94,7 @@ def test_parts_and_the_input_in_chunks_agree_with_the_dense_route(part):
                     _call(c, "diagonal", inputs, T, wrt=wrt, part=part)) <= 1e-10
 
 
+@pytest.mark.slow  # 28 s
 def test_a_budget_picks_the_chunks_and_a_single_layer_takes_rows():
     model, inputs, T = _encoder()
     c = curvgap.curvature(model)
@@ -238,7 +239,7 @@ def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
         assert relative(torch.as_tensor(each[name]).mean(0), value) <= 1e-12
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
 def test_a_stack_in_chunks_agrees_with_the_dense_route(backend):
     stack = Chain.generate([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], backend)
     generator = torch.Generator().manual_seed(6)

@@ -115,6 +115,7 @@ def intact(data: bytes) -> bool:
     return fields.get("content-hash") == body_hash(body)
 
 
+@pytest.mark.slow  # 21 s: five processes importing torch
 def test_five_processes_using_a_new_module_at_once_generate_it_once(cold):
     backends = ["torch", "numpy", "torch", "numpy", "torch"]
     processes = [start(USER, CONFIG, backend, 2.0) for backend in backends]

@@ -29,10 +29,10 @@ def test_the_pages_have_examples_to_run():
 
 #: Examples that derive a config from scratch, a layer's Hessian blocks for an operator or a
 #: dataset, a language model's own loss, a whole model's Hessian or blocks across its layers,
-#: and the GPU page (on a CPU, the quick start again) run with ``-m slow`` (CI); the README's
-#: quick start runs in the quick run too.
+#: two modules' formulas compared, and the GPU page (on a CPU, the quick start again) run
+#: with ``-m slow`` (CI); the README's quick start runs in the quick run too.
 SLOW = ("curvgap generate --config", "eigsh", "DataLoader", 'loss="model"', "inputs_embeds",
-        'Model("digits_vit")', "torch.cuda")
+        'Model("digits_vit")', "torch.cuda", "formula_diff")
 
 
 @pytest.mark.parametrize("kind, code", [

@@ -151,9 +151,10 @@ def _softmax_graph():
     return g, A
 
 
-@pytest.mark.parametrize("rows, n", [(1, 2), (1, 3), pytest.param(1, 4, marks=pytest.mark.slow),
-                                     (1, 5), pytest.param(2, 3, marks=pytest.mark.slow)])
-# (1, 4): 12 s, (2, 3): 13 s
+@pytest.mark.parametrize("rows, n", [(1, 2), pytest.param(1, 3, marks=pytest.mark.slow),
+                                     pytest.param(1, 4, marks=pytest.mark.slow), (1, 5),
+                                     pytest.param(2, 3, marks=pytest.mark.slow)])
+# (1, 3): 10 s, (1, 4): 12 s, (2, 3): 13 s
 def test_row_softmax_rules_equal_sympy(rows, n):
     g, A = _softmax_graph()
     T = np.array(sp.symbols(f"t0:{rows * n}", real=True)).reshape(rows, n)

@@ -164,7 +164,8 @@ SLOW = {"llama_block", "decoder_block_post", "attention_gqa_rotary_bias", "pre_l
         "post_ln_biases_no_beta", "post_rms_gelu_heads", "pre_rms_swiglu_block",
         "pre_ln_relu_causal", "pre_ln_linear_loss", "neox_parallel_block", "gemma2_block",
         "layer_scale_quick_gelu", "qwen2_biases_qkv", "gemma_value_width", "rotary_llama3",
-        "sandwich_layer_scale", "decoder_block_pre_rms"}
+        "sandwich_layer_scale", "decoder_block_pre_rms", "neox_partial_rotary",
+        "attention_relative_gqa"}
 
 
 def _load_module(path, name):

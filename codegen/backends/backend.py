@@ -50,9 +50,12 @@ class Backend:
 
     def render(self, der: Derivation, **options: Any) -> str:
         """The body of ``der``'s file (below the header); ``options`` go to ``context``."""
+        return self.render_template(self.template, self.context(der, self, **options))
+
+    def render_template(self, template: str, context: dict[str, Any]) -> str:
+        """The template ``template`` of this backend's folders filled in with ``context``."""
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader([TEMPLATES / f for f in self.templates]),
             keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False,
             **self.delimiters)
-        text = env.get_template(self.template).render(**self.context(der, self, **options))
-        return text.lstrip("\n")
+        return env.get_template(template).render(**context).lstrip("\n")

@@ -46,7 +46,8 @@ def _latex() -> str:
 def _formulas() -> str:
     """The statements of three documents, printed by the LaTeX backend's printer for MathJax:
     the paper's post-LN block (a config), the README's GPT-2 block and PyTorch's pre-LN
-    encoder layer (read from their modules)."""
+    encoder layer (read from their modules); then what changes from the post-LN encoder layer
+    to the pre-LN one."""
     import torch
     import transformers
 
@@ -61,13 +62,23 @@ def _formulas() -> str:
     encoder = torch.nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True,
                                                norm_first=True).to(torch.float64).eval()
     X = torch.zeros(2, 8, 32, dtype=torch.float64)
+    post = torch.nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True
+                                            ).to(torch.float64).eval()
     return "\n".join([
         "## The paper's post-LN block (config `paper_block`)\n",
         statements(load(CONFIGS / "paper_block.toml")),
         "## The README's GPT-2 block (`GPT2Block`, Hugging Face)\n",
         module_statements(curvgap.curvature(gpt2), X),
         "## A pre-LN encoder layer (`torch.nn.TransformerEncoderLayer`, `norm_first=True`)\n",
-        module_statements(curvgap.curvature(encoder), X[..., :16])])
+        module_statements(curvgap.curvature(encoder), X[..., :16]),
+        "## What changes from post-LN to pre-LN (`curvgap.formula_diff`)\n",
+        "PyTorch's encoder layer with `norm_first=False` against `norm_first=True`: every "
+        "block changes, since every parameter's output Jacobian now ends in the residual "
+        "sum rather than in a norm; the architectures side by side show the norms moving "
+        "ahead of the sublayers. The PDF (`pdf=`) adds each changed Jacobian's chain side "
+        "by side.\n",
+        curvgap.formula_diff(post, encoder, X[..., :16], labels=("post-LN", "pre-LN"),
+                             markdown=True)])
 
 
 def _cli() -> str:

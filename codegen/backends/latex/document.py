@@ -47,6 +47,9 @@ class Block:
     title: str
     formulas: list[Formula] = field(default_factory=list)
     text: str = ""
+    #: the symbols of the variables it derives along (``("W_{q}",)``; a pair for a
+    #: second derivative or a Hessian block): how two documents' blocks are matched
+    key: tuple[str, ...] = ()
 
 
 @dataclass
@@ -67,9 +70,9 @@ class Section:
         return sum(f.matrix_lines is not None for f in formulas), len(formulas)
 
 
-def _lines(printer: LatexPrinter, expr, lhs: str) -> list[str]:
-    """The right-hand side split into lines that fit beside ``lhs``."""
-    return _pack(printer.chunks(expr), lhs)
+def _lines(printer: LatexPrinter, expr, lhs: str, line: int = LINE) -> list[str]:
+    """The right-hand side split into lines of ``line`` characters that fit beside ``lhs``."""
+    return _pack(printer.chunks(expr), lhs, line)
 
 
 def _function_lines(expr: sp.Expr, lhs: str) -> list[str]:
@@ -100,15 +103,15 @@ def _functions(functions: dict[str, sp.Expr]) -> list[tuple[str, list[str]]]:
     return lines
 
 
-def _pack(chunks: list[list[str]], lhs: str) -> list[str]:
-    budget = LINE - width(lhs) - 2
+def _pack(chunks: list[list[str]], lhs: str, line: int = LINE) -> list[str]:
+    budget = line - width(lhs) - 2
     lines, current = [], ""
     for term in chunks:
         for piece in term:
             candidate = f"{current} {piece}".strip()
             if current and width(candidate) > budget:
                 lines.append(current)
-                current, budget = piece, LINE - 6
+                current, budget = piece, line - 6
             else:
                 current = candidate
     lines.append(current)
@@ -135,8 +138,9 @@ class Builder:
     def __init__(self, graph: Graph, notation: Notation,
                  directions: dict[str, tuple[tuple[Index, ...], tuple[Index, ...]]],
                  printer: type[LatexPrinter] = LatexPrinter,
-                 forms: dict[str, mf.MatExpr] | None = None) -> None:
+                 forms: dict[str, mf.MatExpr] | None = None, line: int = LINE) -> None:
         self.graph = graph
+        self.line = line  # characters per printed line
         self.forms = forms or {}  # matrix forms stated otherwise, where no rule applies
         self.printer = printer
         self.notation = notation
@@ -224,8 +228,8 @@ class Builder:
             described = "a tensor of order " + str(len(target.indices))
         matrix_lhs = matrix_lhs or symbol
         return Formula(
-            lhs, _lines(printer, expr, lhs), matrix_lhs,
-            None if matrix is None else _lines(printer, matrix, matrix_lhs),
+            lhs, _lines(printer, expr, lhs, self.line), matrix_lhs,
+            None if matrix is None else _lines(printer, matrix, matrix_lhs, self.line),
             shape, described, note)
 
     def blocks(self, assigns: list[Assign], titles: dict[str, str] | None = None
@@ -242,9 +246,9 @@ class Builder:
 
 
 def builder_for(der: Derivation, notation: Notation,
-                printer: type[LatexPrinter] = LatexPrinter) -> Builder:
+                printer: type[LatexPrinter] = LatexPrinter, line: int = LINE) -> Builder:
     """The builder of ``der``'s document, with the loss-Hessian blocks' decompositions."""
-    return Builder(der.graph, notation, der.directions(), printer, decomposed_forms(der))
+    return Builder(der.graph, notation, der.directions(), printer, decomposed_forms(der), line)
 
 
 def _notation(der: Derivation, notation: Notation | None = None) -> Notation:
@@ -368,11 +372,11 @@ def _symbol_table(der: Derivation, notation: Notation) -> list[tuple[str, ...]]:
 
 def document_context(der: Derivation, backend: Backend,
                      attributes: Mapping[str, int] | None = None,
-                     names: Mapping[str, str | int] | None = None) -> dict:
+                     names: Mapping[str, str | int] | None = None, line: int = LINE) -> dict:
     """Everything the LaTeX template needs for ``der``: title, architecture, sections, each
-    formula printed by ``backend``'s printer. A program read from a module is written in its
-    names (:mod:`.names`): ``attributes`` are the module's integer attributes (they name
-    sizes), ``names`` the caller's own symbols."""
+    formula printed by ``backend``'s printer in lines of ``line`` characters. A program read
+    from a module is written in its names (:mod:`.names`): ``attributes`` are the module's
+    integer attributes (they name sizes), ``names`` the caller's own symbols."""
     notation = Notation()
     if isinstance(der.config, Program):
         bases, sizes = program_names(der.config, size_hints(attributes or {}), names or {})
@@ -387,7 +391,7 @@ def document_context(der: Derivation, backend: Backend,
         raise ValueError("names: a config's document is written in its own names; names= is "
                          f"for a module's, got {dict(names)!r}")
     _notation(der, notation)
-    builder = builder_for(der, notation, backend.printer)
+    builder = builder_for(der, notation, backend.printer, line)
     # the statements first (the architecture, each Hessian block), then the appendix: the
     # derivatives they read, node by node
     statements = _loss_hessian(der, builder)
@@ -439,6 +443,7 @@ def _first_derivatives(der: Derivation, builder: Builder) -> Section:
         block_list += builder.blocks(group(f"loss_tangent_{v}"))
         for block in block_list:
             block.title = f"${builder.notation(v)}$: {block.title}"
+            block.key = (builder.notation(v),)
         section.blocks += block_list
     return section
 
@@ -458,6 +463,7 @@ def _second_derivatives(der: Derivation, builder: Builder) -> Section:
             for block in block_list:
                 block.title = (f"${builder.notation(v)}, {builder.notation(w)}$: "
                                f"{block.title}")
+                block.key = (builder.notation(v), builder.notation(w))
             section.blocks += block_list
     return section
 
@@ -491,7 +497,8 @@ def _loss_hessian(der: Derivation, builder: Builder) -> Section:
                          r"$\partial \ell / \partial Z$ and $\partial^2 \ell / \partial Z^2$ "
                          r"as stated hold for one-hot target rows, the targets curvgap takes.")
     for v, w in der.nodes("loss_hessian"):
-        block = Block(f"${builder.notation(v)}, {builder.notation(w)}$")
+        block = Block(f"${builder.notation(v)}, {builder.notation(w)}$",
+                      key=(builder.notation(v), builder.notation(w)))
         for assign in der.graph.in_group(f"loss_hessian_{v}_{w}"):
             block.formulas.append(builder.formula(
                 assign, note="per sample: the block is its mean over the batch"

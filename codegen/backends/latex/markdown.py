@@ -52,3 +52,35 @@ def _text(cell: str) -> str:
     """LaTeX text as Markdown: ``\\texttt{a\\_b}`` as code, ``\\_`` as ``_``, ``--`` a dash."""
     cell = re.sub(r"\\texttt\{(.*?)\}", lambda m: f"`{m.group(1)}`", cell)
     return cell.replace(r"\_", "_").replace("--", "–")
+
+
+def diff_statements(context: dict, heading: str = "###") -> str:
+    """What changes between two documents (a :func:`~.diff.diff_context`) as Markdown: the
+    loss-Hessian blocks' table, then the architectures side by side."""
+    marks = {"same": "", "changed": "≠", "new": "+", "gone": "−"}
+    a, b = context["labels"]
+    counts = context["counts"]
+    lines = [f"{heading} Loss-Hessian blocks", "",
+             f"Of the {len(context['blocks'])} blocks $H_{{V,W}}$, {counts['changed']} changed, "
+             f"{counts['new']} are new, {counts['gone']} gone and {counts['same']} the same "
+             "(row $V$, column $W$: $+$ new, $-$ gone, $\\cdot$ the same; a changed block says "
+             "what it reads that changed: $J$ an output Jacobian, $\\partial^2$ the second "
+             "derivative, $H$ the block's own statement).", "",
+             "| | " + " | ".join(f"${v}$" for v in context["variables"]) + " |",
+             "| --- |" + " :-: |" * len(context["variables"])]
+    lines += [f"| ${v}$ | " + " | ".join(f"${c}$" if c else "" for c in row) + " |"
+              for v, row in context["grid"]]
+    lines += ["", f"{heading} Architecture", "", f"| | {a} | {b} |", "| --- | --- | --- |"]
+    for row in context["architecture"].rows:
+        if row.mark == "skipped":
+            lines.append(f"| | *{row.count} the same in both* | |")
+        else:
+            lines.append(f"| {marks[row.mark]} | " + " | ".join(
+                f"${_cell(' '.join(side))}$" if side else "" for side in (row.left, row.right))
+                + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(tex: str) -> str:
+    """LaTeX for a Markdown table's cell (a ``|`` would end the cell)."""
+    return tex.replace("|", r"\vert ")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import sympy as sp
 from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
@@ -94,7 +95,7 @@ class Notation:
 
     def function(self, fn: ScalarFn) -> str | None:
         """The name under which ``fn`` prints, when its formula is too long to inline."""
-        if width(sp.latex(fn.expr)) <= LONG_FUNCTION:
+        if _printed_width(fn.expr) <= LONG_FUNCTION:
             return None
         stem = fn.label.rstrip("'")
         base = rf"\operatorname{{{stem.replace('_', '-')}}}" + "'" * (len(fn.label) - len(stem))
@@ -112,6 +113,12 @@ class Notation:
         symbol = self.base(node)
         sup = ",".join(s for s in (symbol.sup, sup) if s)
         self.symbols[name] = Symbol(symbol.head, symbol.sub, sup, accent).latex()
+
+
+@lru_cache(maxsize=512)
+def _printed_width(expr: sp.Expr) -> int:
+    """The printed width of a scalar function's formula (a document asks for each use)."""
+    return width(sp.latex(expr))
 
 
 class ScalarPrinter(SympyLatexPrinter):
