@@ -121,9 +121,46 @@ def _printed_width(expr: sp.Expr) -> int:
     return width(sp.latex(expr))
 
 
+def _decimal(r: sp.Expr) -> bool:
+    """Whether ``r`` is a rational best written as a decimal: a denominator of 1000 or more
+    whose expansion ends within eight digits (GELU's ``0.044715``, not ``1/1024``)."""
+    return bool(r.is_Rational and r.q >= 1000 and (r * 10 ** 8).is_Integer)
+
+
+def _decimal_text(r: sp.Rational) -> str:
+    """A rational with a finite decimal expansion, written out (``0.044715``; a power of ten
+    as one, ``10^{-5}``)."""
+    if r.p == 1 and sp.log(r.q, 10).is_Integer:
+        return f"10^{{-{sp.log(r.q, 10)}}}"
+    digits = 0
+    while (r * 10 ** digits).q != 1:
+        digits += 1
+    whole = abs(r.p) * 10 ** digits // r.q
+    text = f"{whole // 10 ** digits}.{whole % 10 ** digits:0{digits}d}"
+    return ("-" if r < 0 else "") + text
+
+
 class ScalarPrinter(SympyLatexPrinter):
-    """SymPy's LaTeX printer, with floats as written: their shortest decimal (``0.044715``),
-    a power of ten as one (``10^{-5}``, not ``1.0 \\cdot 10^{-5}``)."""
+    """SymPy's LaTeX printer, with numbers as written: a float as its shortest decimal
+    (``0.044715``) and so a rational that is a short decimal (``8943/200000``); a power of
+    ten as one (``10^{-5}``, not ``1.0 \\cdot 10^{-5}``); an integer over a square root as
+    such (``\\frac{1}{\\sqrt{3}}``, the scale of attention scores, not SymPy's rationalised
+    ``\\frac{\\sqrt{3}}{3}``)."""
+
+    def _print_Rational(self, expr: sp.Rational) -> str:
+        return _decimal_text(expr) if _decimal(expr) else super()._print_Rational(expr)
+
+    def _print_Mul(self, expr: sp.Expr) -> str:
+        rational, rest = expr.as_coeff_Mul()
+        if _decimal(rational):  # 0.044715 x^3, not \frac{8943 x^{3}}{200000}
+            return f"{_decimal_text(rational)} {self._print(rest)}"
+        if (expr.is_number and rational.is_Rational and rational.q > 1 and rest.is_Pow
+                and rest.base.is_Integer and rest.exp == sp.S.Half
+                and (rational * rest.base).is_Integer):
+            numerator = rational * rest.base  # r √n = (r n) / √n
+            sign = "-" if numerator < 0 else ""
+            return rf"{sign}\frac{{{abs(numerator)}}}{{\sqrt{{{rest.base}}}}}"
+        return super()._print_Mul(expr)
 
     def _print_Float(self, expr: sp.Float) -> str:
         text = repr(float(expr))
