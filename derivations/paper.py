@@ -30,9 +30,9 @@ import sympy as sp
 
 from . import calculus
 from .config import Config
-from .derivation import build_network
 from .graph import Graph, Tensor
 from .indexform import Expr
+from .network import build_network
 
 #: The paper's short names of the block's weights, and their parameters.
 WEIGHTS = {"Q": "W_Q", "K": "W_K", "V": "W_V", "1": "W_1", "2": "W_2"}

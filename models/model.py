@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..codegen.resources import MODEL_CONFIGS
-from .chain import Chain, generated
+from .chain import Chain
+from .generation import generated
 from .model_config import ModelConfig, load_model
 
 
