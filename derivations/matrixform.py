@@ -299,7 +299,9 @@ def _product_term(term: Term, rows, cols, layouts) -> MatExpr | None:
     if len(big) > 1 or layouts.get(big[0].name) is None:
         return None
     if len(term.factors) == 1 and set(big[0].indices) <= set(rows) | set(cols):
-        return _kronecker(term.factors, rows, cols, layouts)
+        matrix = _kronecker(term.factors, rows, cols, layouts)
+        if matrix is not None:
+            return matrix  # else rule 3: broadcast inside its rows or columns
     J = big[0]
     rest = [f for f in term.factors if f is not J]
     row_pos, col_pos = layouts[J.name]
@@ -472,12 +474,28 @@ def _piece(factors: list, rows: tuple, cols: tuple) -> _Piece | None:
     return None if matrix is None else _Piece(matrix, tuple(in_rows), tuple(in_cols))
 
 
-def _swap(order: tuple, wanted: tuple) -> int | None:
-    """``k`` when ``order`` is ``wanted[k:] + wanted[:k]`` (0: already equal)."""
-    for k in range(max(len(wanted), 1)):
-        if order == wanted[k:] + wanted[:k]:
-            return k
-    return None
+def _swap(order: tuple, wanted: tuple) -> tuple[int, int, int] | None:
+    """``(a, b, c)`` when ``order`` is ``wanted`` with its groups ``wanted[a:a+b]`` and
+    ``wanted[a+b:a+b+c]`` swapped (``(0, 0, 0)``: already equal); the fewest indices moved."""
+    if order == wanted:
+        return 0, 0, 0
+    n = len(wanted)
+    options = [(a, b, c) for a in range(n) for b in range(1, n - a) for c in range(1, n - a - b + 1)
+               if order == wanted[:a] + wanted[a + b:a + b + c] + wanted[a:a + b]
+               + wanted[a + b + c:]]
+    return min(options, key=lambda o: o[1] + o[2]) if options else None
+
+
+def _permutation(indices: tuple[Index, ...], swap: tuple[int, int, int],
+                 left: bool) -> MatExpr:
+    """The commutation ``I ⊗ K ⊗ I`` that restores ``indices`` (rows, ``left``; else
+    columns) from the order with ``swap``'s two groups exchanged."""
+    a, b, c = swap
+    before, first, second, after = (_size(tuple(i.dim for i in part)) for part in (
+        indices[:a], indices[a:a + b], indices[a + b:a + b + c], indices[a + b + c:]))
+    K = MatCommutation(first, second) if left else MatCommutation(second, first)
+    items = [m for m in (MatIdentity(before), K, MatIdentity(after)) if m.shape()[0] != 1]
+    return items[0] if len(items) == 1 else MatKron(tuple(items))
 
 
 def _kronecker(factors: list, rows: tuple, cols: tuple,
@@ -487,9 +505,15 @@ def _kronecker(factors: list, rows: tuple, cols: tuple,
         if len(component) == 1 and len(component[0].indices) > 2:  # a stored derivative
             J = component[0]
             row_pos, col_pos = layouts[J.name]
-            pieces.append(_Piece(MatLeaf(J, row_pos, col_pos),
-                                 tuple(J.indices[k] for k in row_pos),
-                                 tuple(J.indices[k] for k in col_pos)))
+            leaf = MatLeaf(J, row_pos, col_pos)
+            j_rows = tuple(J.indices[k] for k in row_pos)
+            j_cols = tuple(J.indices[k] for k in col_pos)
+            if j_cols and set(J.indices) <= set(rows):  # all its indices rows: vec_r(J)
+                pieces.append(_Piece(MatVec(leaf), j_rows + j_cols, ()))
+            elif j_rows and set(J.indices) <= set(cols):  # all columns: vec_r(J)^T
+                pieces.append(_Piece(MatVec(leaf, row=True), (), j_rows + j_cols))
+            else:
+                pieces.append(_Piece(leaf, j_rows, j_cols))
             continue
         piece = _piece(component, rows, cols)
         if piece is None:
@@ -510,26 +534,22 @@ def _kronecker(factors: list, rows: tuple, cols: tuple,
     for order in itertools.permutations(pieces):
         row_order = tuple(i for p in order for i in p.rows)
         col_order = tuple(i for p in order for i in p.cols)
-        k_rows, k_cols = _swap(row_order, tuple(rows)), _swap(col_order, tuple(cols))
-        if k_rows is None or k_cols is None:
+        row_swap, col_swap = _swap(row_order, tuple(rows)), _swap(col_order, tuple(cols))
+        if row_swap is None or col_swap is None:
             continue
-        cost = (k_rows > 0) + (k_cols > 0)
+        cost = (row_swap[1] > 0) + (col_swap[1] > 0)
         if best is None or cost < best[0]:
-            best = (cost, order, k_rows, k_cols)
+            best = (cost, order, row_swap, col_swap)
         if cost == 0:
             break
     if best is None:
         return None
-    _, order, k_rows, k_cols = best
+    _, order, row_swap, col_swap = best
     matrix = _kron_of([*scalars, *(p.matrix for p in order)])
-    if k_rows:
-        head = _size(tuple(i.dim for i in rows[:k_rows]))
-        tail = _size(tuple(i.dim for i in rows[k_rows:]))
-        matrix = MatProduct((MatCommutation(head, tail), matrix))
-    if k_cols:
-        head = _size(tuple(i.dim for i in cols[:k_cols]))
-        tail = _size(tuple(i.dim for i in cols[k_cols:]))
-        matrix = MatProduct((matrix, MatCommutation(tail, head)))
+    if row_swap[1]:
+        matrix = MatProduct((_permutation(tuple(rows), row_swap, left=True), matrix))
+    if col_swap[1]:
+        matrix = MatProduct((matrix, _permutation(tuple(cols), col_swap, left=False)))
     return matrix
 
 
