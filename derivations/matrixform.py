@@ -17,7 +17,8 @@ the node's indices followed by the first direction's, its columns the last direc
 3. **Stored derivatives.** A term with one factor ``J`` over three or more indices (a named
    derivative with its own layout) is ``Op · J`` when ``J``'s columns are the term's, or
    ``J · Op`` when its rows are, with ``Op`` from rules 1–2; factors over ``J``'s row
-   indices alone scale its rows, ``diag(vec_r(·)) J``.
+   indices alone scale its rows, ``diag(vec_r(·)) J``. A row vector summed over ``J``'s
+   rows (a loss's tangent) is ``vec_r(Gᵀ J)ᵀ``, ``G`` the other factors over those rows.
 4. **Elementwise products.** Groups of factors that share only free indices (such as the
    row-wise ``X[i,p] J[i,j,q]``) are the ``∘`` product of their forms by rules 1–3, each
    broadcast by all-ones vectors over the free indices it lacks.
@@ -325,6 +326,14 @@ def _product_term(term: Term, rows, cols, layouts) -> MatExpr | None:
         inner, ties = _inner(j_cols, set(cols))
         op = _kronecker(rest + ties, inner, cols)
         return None if op is None else _product(leaf, op)
+    others = tuple(i for i in cols if i not in j_cols)
+    if (not rows and tuple(cols) == others + j_cols and not set(j_cols) & elsewhere
+            and not set(j_rows) & set(cols)):
+        # a row vector summed over J's rows: Σ_rows G[rows, others] J[rows, j_cols] is
+        # vec_r(Gᵀ J)ᵀ
+        weights = _term(Term(sp.Integer(1), tuple(rest)), j_rows, others, layouts)
+        if weights is not None:
+            return MatVec(_product(MatTranspose(weights), leaf), row=True)
     return None
 
 
