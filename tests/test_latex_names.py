@@ -94,6 +94,11 @@ def test_names_override_symbols_and_sizes():
     assert r"L \times m" in tex and "d_k" not in tex
     # a derived symbol follows its tensor's: the derivative along W_Q
     assert r"^{W_{Q}}" in tex
+    # the sizes table says where each size's symbol comes from
+    sizes = tex.split(r"\subsection*{Sizes}")[1].split(r"\end{longtable}")[0]
+    assert "$m$ & 3 & \\texttt{names=}" in sizes and "$d$ & 8 & the input's shape" in sizes
+    default = c.latex(X).split(r"\subsection*{Sizes}")[1].split(r"\end{longtable}")[0]
+    assert "$d_k$ & 3 & \\texttt{d\\_k}" in default
 
 
 @pytest.mark.parametrize("names, message", [
@@ -287,3 +292,12 @@ def test_names_that_would_share_a_symbol_are_refused():
         c.latex(X, names={"q.weight": "W_k"})
     with pytest.raises(ValueError, match=r"names\['lam'\]: expected a LaTeX symbol"):
         c.latex(X, names={"lam": r"\input{secrets}"})
+
+
+def test_no_size_shares_a_tensors_letter():
+    """The vocabulary's size is not ``V`` (the attention's values): every conventional size
+    symbol differs from the letters intermediates are named by."""
+    from curvgap.codegen.backends.latex.names import SIZE_ATTRIBUTES, size_hints
+
+    assert size_hints({"vocab_size": 50, "num_heads": 2}) == {r"n_{\mathrm{vocab}}": 50, "h": 2}
+    assert not {"V", "Q", "K", "A", "S", "N", "C", "Y", "E"} & set(SIZE_ATTRIBUTES)

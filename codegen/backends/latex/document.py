@@ -24,7 +24,7 @@ from ....derivations.paper import WEIGHTS, BlockObjects
 from ....derivations.program import Program
 from ....derivations.softmax import RowSoftmax
 from ..backend import Backend
-from .names import program_names, size_hints
+from .names import program_names, size_hints, size_table
 from .printer import LatexPrinter, Notation, ScalarPrinter, Symbol, tex_text, width
 
 #: Printed width of one line of a display, in characters (article, 10pt, 2 cm margins).
@@ -378,8 +378,10 @@ def document_context(der: Derivation, backend: Backend,
     from a module is written in its names (:mod:`.names`): ``attributes`` are the module's
     integer attributes (they name sizes), ``names`` the caller's own symbols."""
     notation = Notation()
+    size_rows: list[tuple[str, int, str]] = []
     if isinstance(der.config, Program):
         bases, sizes = program_names(der.config, size_hints(attributes or {}), names or {})
+        size_rows = size_table(der.config, sizes, attributes or {}, names or {})
         dims = der.config.dims()
         notation.bases.update(bases)
         for name, text in sizes.items():
@@ -415,7 +417,7 @@ def document_context(der: Derivation, backend: Backend,
     return dict(
         name=der.config.name, heading=title if program else f"{der.config.name}: {title}",
         architecture=[] if program else description.split("\n"),
-        notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation),
+        notation=NOTATION_TEXT.strip(), symbols=_symbol_table(der, notation), sizes=size_rows,
         code_names=program, functions=functions,
         sections=sections, shares=[(s.title, *s.counts) for s in sections if s.forms != "index"],
         total=tuple(map(sum, zip(*(s.counts for s in sections)))))

@@ -26,6 +26,11 @@ def statements(source: Config | Program | Derivation, heading: str = "###",
              "| --- | --- | --- |" + (" --- |" if context["code_names"] else "")]
     lines += ["| " + " | ".join(_text(cell) for cell in row) + " |"
               for row in context["symbols"]]
+    if context["sizes"]:
+        lines += ["", "Sizes (for the input it was derived on; the formulas hold for any):", "",
+                  "| size | value | named after |", "| --- | ---: | --- |"]
+        lines += [f"| {symbol} | {value} | {_text(where)} |"
+                  for symbol, value, where in context["sizes"]]
     if context["functions"]:
         lines += ["", "Elementwise functions:", "", _display(
             [(name, body) for name, body in context["functions"]])]

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from ....derivations.program import Program
-from .printer import Symbol, base_symbol
+from .printer import Symbol, base_symbol, tex_text
 
 #: The module attributes that name a size, by the symbol they print as.
 SIZE_ATTRIBUTES = {
@@ -37,7 +37,8 @@ SIZE_ATTRIBUTES = {
     "d_{ff}": ("intermediate_size", "n_inner", "d_ff", "dim_feedforward", "ffn_dim",
                "mlp_dim", "hidden_features"),
     "d": ("hidden_size", "embed_dim", "d_model", "n_embd", "embed_dim"),
-    "V": ("vocab_size", "num_embeddings"),
+    # not V: that is the attention's values
+    r"n_{\mathrm{vocab}}": ("vocab_size", "num_embeddings"),
 }
 _SHORT_SIZE = re.compile(r"[A-Za-z](_[A-Za-z0-9]{1,3})?")
 #: Operations that pick a slice of one tensor.
@@ -98,6 +99,32 @@ def size_symbols(program: Program, hints: Mapping[str, int],
             candidates |= {_size_name(n) for n in own if sizes.get(n) == value}
         out[name] = candidates.pop() if len(candidates) == 1 else str(value)
     return out
+
+
+def size_table(program: Program, symbols: Mapping[str, str], attributes: Mapping[str, int],
+               names: Mapping[str, str | int]) -> list[tuple[str, int, str]]:
+    """The sizes a document names by a symbol (``symbols``: size name → LaTeX, from
+    :func:`size_symbols`), each as (symbol, value, where the name comes from: the input's
+    shape, ``names=`` or the module's attributes of that value)."""
+    own = {a for dim in program.X.shape for a in dim}
+    chosen = {_as_symbol(k, "names").latex(): k for k, v in names.items() if isinstance(v, int)
+              and not isinstance(v, bool)}
+    rows = {}
+    for name, value in program.sizes:
+        symbol = symbols.get(name, "")
+        if value is None or symbol.isdigit() or symbol in rows:
+            continue
+        if name in own or symbol in {_size_name(n) for n in own}:
+            where = "the input's shape"
+        elif _as_symbol(symbol, "size").latex() in chosen:
+            where = r"\texttt{names=}"
+        else:
+            found = [a for a, v in attributes.items() if v == value and _as_symbol(
+                symbol, "size").latex() in {_as_symbol(h, "size").latex()
+                                            for h in size_hints({a: v})}]
+            where = ", ".join(rf"\texttt{{{tex_text(a)}}}" for a in found)
+        rows[symbol] = (f"${symbol}$", value, where)
+    return list(rows.values())
 
 
 def _size_name(name: str) -> str:
