@@ -22,6 +22,8 @@ the node's indices followed by the first direction's, its columns the last direc
 4. **Elementwise products.** Groups of factors that share only free indices (such as the
    row-wise ``X[i,p] J[i,j,q]``) are the ``∘`` product of their forms by rules 1–3, each
    broadcast by all-ones vectors over the free indices it lacks.
+5. **Scaled rows.** Factors over row indices alone (a norm's ``r_i``) scale the rows of what
+   the others make, ``diag(w) M`` (columns alike, ``M diag(w)``).
 
 Anything else returns ``None``: the index form stands. Every matrix expression evaluates
 to a dense array (:meth:`MatExpr.evaluate`, building the Kronecker and commutation
@@ -281,6 +283,19 @@ def _term(term: Term, rows, cols, layouts) -> MatExpr | None:
     matrix = _product_term(term, rows, cols, layouts)
     if matrix is not None:
         return matrix
+    # rule 5: factors over row indices alone scale the rows, diag(w) M (and columns alike)
+    for side, own in ((rows, True), (cols, False)):
+        scale = [f for f in term.factors if not isinstance(f, Delta) and f.indices
+                 and len(f.indices) <= 2 and set(f.indices) <= set(side)]
+        rest = [f for f in term.factors if f not in scale]
+        if scale and rest:
+            weights = _term(Term(sp.Integer(1), tuple(scale)), *((side, ()) if own else
+                                                                  ((), side)), layouts)
+            body = _term(Term(sp.Integer(1), tuple(rest)), rows, cols, layouts)
+            if weights is not None and body is not None:
+                if own:
+                    return MatProduct((MatDiag(weights), body))
+                return MatProduct((body, MatDiag(MatTranspose(weights))))
     # rule 4: factors that share only free indices are an elementwise product of their
     # Kronecker forms (each broadcast over the indices it lacks by all-ones vectors)
     free = set(rows) | set(cols)
