@@ -43,10 +43,9 @@ def formula_diff(a: Any, b: Any, X: torch.Tensor | None = None,
     contexts, titles = zip(*(_context(source, X, inputs) for source in sources), strict=True)
     if labels is None:
         labels = titles if titles[0] != titles[1] else (f"{titles[0]} (a)", f"{titles[1]} (b)")
-    labels = tuple(tex_text(x) for x in labels)
     if markdown:
-        return diff_statements(diff_context(*contexts, labels))
-    text = diff_document(*contexts, labels)
+        return diff_statements(diff_context(*contexts, tuple(labels)))
+    text = diff_document(*contexts, tuple(tex_text(x) for x in labels))
     if pdf is not None:
         compile_pdf(text, Path(pdf))
     return text
@@ -57,7 +56,11 @@ def _source(which: str, source: Any, X: torch.Tensor | None) -> Any:
     input checked."""
     if isinstance(source, str | Path):  # a shipped config's name, else a config file
         shipped = {path.stem: path for path in shipped_configs()}
-        return load(shipped.get(str(source), Path(source)))
+        path = shipped.get(str(source), Path(source))
+        if not path.is_file():
+            raise ValueError(f"{which}: expected a shipped config name ({', '.join(shipped)}) "
+                             f"or a config file, got {str(source)!r}")
+        return load(path)
     if isinstance(source, Config):
         return source
     if isinstance(source, torch.nn.Module):

@@ -100,6 +100,9 @@ def diff_arguments(args: argparse.Namespace) -> None:
             _module_spec(spec, option)
         else:
             load(latex_path(spec, option))
+    if not modules[1] and args.args_b is not None:
+        raise ConfigError(f"--args-b: only for B given as a module (package.module:Class), "
+                          f"got the config {args.b!r}")
     if not any(modules):
         for option, value in (("--args", args.args), ("--args-b", args.args_b),
                               ("--shape", args.shape)):

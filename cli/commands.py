@@ -72,18 +72,21 @@ def _formula_diff(args: argparse.Namespace) -> int:
     from ..adapters.comparison import formula_diff
 
     sources = []
-    for spec, kwargs in ((args.a, getattr(args, "kwargs_a", {})),
-                         (args.b, getattr(args, "kwargs_b", {}))):
-        source = _module(spec, kwargs) if ":" in spec else spec
+    for name, spec, kwargs, option in (
+            ("A", args.a, getattr(args, "kwargs_a", {}), "--args"),
+            ("B", args.b, getattr(args, "kwargs_b", {}),
+             "--args-b" if args.args_b is not None else "--args")):
+        source = _module(spec, kwargs, name, option) if ":" in spec else spec
         if isinstance(source, int):
             return source
         sources.append(source)
     X = _input(args.shape) if isinstance(args.shape, tuple) else None
     labels = tuple(x.strip() for x in args.labels.split(",")) if args.labels else None
     tex = Path(args.out) / "formula_diff.tex"
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     try:
-        output.write_file(tex, formula_diff(*sources, X, labels))
+        text = formula_diff(*sources, X, labels)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        output.write_file(tex, text)
     except (adapters.UnsupportedLayer, adapters.UnsupportedOperation, ValueError,
             output.OutputError, OSError) as error:
         print(f"curvgap: error: {error}", file=sys.stderr)
@@ -92,10 +95,10 @@ def _formula_diff(args: argparse.Namespace) -> int:
     return _pdf(tex) if args.pdf else 0
 
 
-def _module(spec: str, kwargs: dict) -> Any:
-    """The module class ``spec`` (``package.module:Class``, imported from the current folder
-    too) built with ``kwargs`` in float64 and eval mode; an exit status after saying why
-    where it cannot be."""
+def _module(spec: str, kwargs: dict, name: str = "NAME", option: str = "--args") -> Any:
+    """The module class ``spec`` (the argument ``name``: ``package.module:Class``, imported
+    from the current folder too) built with ``kwargs`` (the option ``option``) in float64
+    and eval mode; an exit status after saying why where it cannot be."""
     import importlib
 
     import torch
@@ -108,20 +111,20 @@ def _module(spec: str, kwargs: dict) -> Any:
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
-        print(f"curvgap: error: NAME: cannot find {spec!r}: {error}", file=sys.stderr)
+        print(f"curvgap: error: {name}: cannot find {spec!r}: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # the user's module failed while importing
-        print(f"curvgap: error: NAME: importing {where!r} failed: {type(error).__name__}: "
+        print(f"curvgap: error: {name}: importing {where!r} failed: {type(error).__name__}: "
               f"{error}", file=sys.stderr)
         return 2
     if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
-        print(f"curvgap: error: NAME: expected a torch.nn.Module class, got {spec!r}, which "
+        print(f"curvgap: error: {name}: expected a torch.nn.Module class, got {spec!r}, which "
               f"is {type(found).__name__}", file=sys.stderr)
         return 2
     try:
         return found(**kwargs).to(torch.float64).eval()
     except Exception as error:  # the user's constructor, whatever it raises
-        print(f"curvgap: error: --args: {qualname}(**{kwargs}) failed: "
+        print(f"curvgap: error: {option}: {qualname}(**{kwargs}) failed: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
 

@@ -10,10 +10,11 @@ the node's indices followed by the first direction's, its columns the last direc
    backwards, ``diag(u)`` for a vector on an interior index, ``∘`` for factors over the
    same two indices, an all-ones vector where an end index is summed over alone.
 2. **Kronecker products.** Chains over one row and one column index are the factors of a
-   Kronecker product in row order; when the columns (rows) come out as two swapped groups,
-   a commutation matrix on the right (left) restores them. A chain over two row (column)
-   indices is ``vec_r(·)`` (``vec_r(·)^T``), a delta between free indices an identity, a
-   free index that no factor carries an all-ones vector.
+   Kronecker product in row order; when the columns (rows) come out with two neighbouring
+   groups swapped, a commutation ``I ⊗ K ⊗ I`` on the right (left) restores them. A chain
+   over two row (column) indices is ``vec_r(·)`` (``vec_r(·)^T``), and so is a stored
+   derivative all of whose indices are rows (columns); a delta between free indices is an
+   identity, a free index that no factor carries an all-ones vector.
 3. **Stored derivatives.** A term with one factor ``J`` over three or more indices (a named
    derivative with its own layout) is ``Op · J`` when ``J``'s columns are the term's, or
    ``J · Op`` when its rows are, with ``Op`` from rules 1–2; factors over ``J``'s row
@@ -22,8 +23,6 @@ the node's indices followed by the first direction's, its columns the last direc
 4. **Elementwise products.** Groups of factors that share only free indices (such as the
    row-wise ``X[i,p] J[i,j,q]``) are the ``∘`` product of their forms by rules 1–3, each
    broadcast by all-ones vectors over the free indices it lacks.
-5. **Scaled rows.** Factors over row indices alone (a norm's ``r_i``) scale the rows of what
-   the others make, ``diag(w) M`` (columns alike, ``M diag(w)``).
 
 Anything else returns ``None``: the index form stands. Every matrix expression evaluates
 to a dense array (:meth:`MatExpr.evaluate`, building the Kronecker and commutation
@@ -283,19 +282,6 @@ def _term(term: Term, rows, cols, layouts) -> MatExpr | None:
     matrix = _product_term(term, rows, cols, layouts)
     if matrix is not None:
         return matrix
-    # rule 5: factors over row indices alone scale the rows, diag(w) M (and columns alike)
-    for side, own in ((rows, True), (cols, False)):
-        scale = [f for f in term.factors if not isinstance(f, Delta) and f.indices
-                 and len(f.indices) <= 2 and set(f.indices) <= set(side)]
-        rest = [f for f in term.factors if f not in scale]
-        if scale and rest:
-            weights = _term(Term(sp.Integer(1), tuple(scale)), *((side, ()) if own else
-                                                                  ((), side)), layouts)
-            body = _term(Term(sp.Integer(1), tuple(rest)), rows, cols, layouts)
-            if weights is not None and body is not None:
-                if own:
-                    return MatProduct((MatDiag(weights), body))
-                return MatProduct((body, MatDiag(MatTranspose(weights))))
     # rule 4: factors that share only free indices are an elementwise product of their
     # Kronecker forms (each broadcast over the indices it lacks by all-ones vectors)
     free = set(rows) | set(cols)
@@ -312,7 +298,8 @@ def _product_term(term: Term, rows, cols, layouts) -> MatExpr | None:
     big = [f for f in term.data_factors if len(f.indices) > 2]
     if not big:
         return _kronecker(term.factors, rows, cols)
-    if len(big) > 1 or layouts.get(big[0].name) is None:
+    if (len(big) > 1 or layouts.get(big[0].name) is None
+            or len(set(big[0].indices)) != len(big[0].indices)):  # (a diagonal J[i, j, j])
         return None
     if len(term.factors) == 1 and set(big[0].indices) <= set(rows) | set(cols):
         matrix = _kronecker(term.factors, rows, cols, layouts)
@@ -499,15 +486,15 @@ def _piece(factors: list, rows: tuple, cols: tuple) -> _Piece | None:
 
 
 def _swap(order: tuple, wanted: tuple) -> tuple[int, int, int] | None:
-    """``(a, b, c)`` when ``order`` is ``wanted`` with its groups ``wanted[a:a+b]`` and
-    ``wanted[a+b:a+b+c]`` swapped (``(0, 0, 0)``: already equal); the fewest indices moved."""
+    """``(a, b, c)`` when ``order`` is ``wanted`` with its neighbouring groups
+    ``wanted[a:a+b]`` and ``wanted[a+b:a+b+c]`` swapped (``(0, 0, 0)``: already equal)."""
     if order == wanted:
         return 0, 0, 0
     n = len(wanted)
-    options = [(a, b, c) for a in range(n) for b in range(1, n - a) for c in range(1, n - a - b + 1)
-               if order == wanted[:a] + wanted[a + b:a + b + c] + wanted[a:a + b]
-               + wanted[a + b + c:]]
-    return min(options, key=lambda o: o[1] + o[2]) if options else None
+    return next(((a, b, c) for a in range(n) for b in range(1, n - a)
+                 for c in range(1, n - a - b + 1)
+                 if order == wanted[:a] + wanted[a + b:a + b + c] + wanted[a:a + b]
+                 + wanted[a + b + c:]), None)
 
 
 def _permutation(indices: tuple[Index, ...], swap: tuple[int, int, int],
@@ -524,6 +511,10 @@ def _permutation(indices: tuple[Index, ...], swap: tuple[int, int, int],
 
 def _kronecker(factors: list, rows: tuple, cols: tuple,
                layouts: dict | None = None) -> MatExpr | None:
+    """Rule 2: ``factors`` as the Kronecker product of their connected components' forms (a
+    stored derivative as itself, or ``vec_r`` of it where all its indices are rows or all
+    columns), all-ones vectors for free indices no factor carries, in an order that gives
+    ``rows`` and ``cols`` up to one swap of neighbouring groups each (a commutation)."""
     pieces = []
     for component in _components(list(factors)):
         if len(component) == 1 and len(component[0].indices) > 2:  # a stored derivative

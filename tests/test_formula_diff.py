@@ -125,6 +125,36 @@ def test_post_ln_to_pre_ln_configs(tmp_path):
     _compiles_cleanly(tex, tmp_path)
 
 
+def test_a_new_loss_changes_the_blocks_statements_not_the_jacobians():
+    mse = load(CONFIGS / "ffn.toml")
+    tex = curvgap.formula_diff(mse, dataclasses.replace(mse, loss="cross_entropy", name="ce"))
+    assert "The output Jacobian $J_V$ is the same for $V$ = $W_{1}$, $W_{2}$, $X$." in tex
+    assert "changed for" not in tex and r"\section{First derivatives}" not in tex
+    grid = tex.split(r"\begin{longtable}{l|")[1].split(r"\end{longtable}")[0]
+    assert grid.count("$H$") == 6 and "J" not in grid.replace("$W_{1}$", "")
+
+
+class UpDown(torch.nn.Module):
+    """``x + W_down relu(W_up x)``, its two maps registered in either order."""
+
+    def __init__(self, up_first: bool) -> None:
+        super().__init__()
+        for name in ("up", "down") if up_first else ("down", "up"):
+            setattr(self, name, torch.nn.Linear(8, 12) if name == "up" else
+                    torch.nn.Linear(12, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def test_parameters_in_another_order_are_not_a_change_of_mathematics():
+    X = torch.randn(2, 5, 8, dtype=DTYPE, generator=torch.Generator().manual_seed(2))
+    tex = curvgap.formula_diff(UpDown(True).to(DTYPE), UpDown(False).to(DTYPE), X)
+    assert "Of the 15 blocks, 4 changed, 0 are new, 0 gone and 11 the same." in tex
+    grid = tex.split(r"\begin{longtable}{l|")[1].split(r"\end{longtable}")[0]
+    assert grid.count(r"$\top$") == 4 and "J" not in grid.replace("$W_", "")
+
+
 def test_bad_arguments_are_named(tmp_path, capsys):
     with pytest.raises(ValueError, match="X: a module's formulas need its input"):
         curvgap.formula_diff(Residual(False), Residual(True))
@@ -132,16 +162,25 @@ def test_bad_arguments_are_named(tmp_path, capsys):
         curvgap.formula_diff("paper_block", 3)
     with pytest.raises(ValueError, match="labels: expected two strings"):
         curvgap.formula_diff("paper_block", "paper_block", labels=("one",))
-    out = str(tmp_path)
+    with pytest.raises(ValueError, match="b: expected a shipped config name .* got 'nope'"):
+        curvgap.formula_diff("paper_block", "nope")
+    out = str(tmp_path / "out")
     for args, message in [
             (["paper_block", "nope"], "B: expected a shipped config name"),
+            (["torch.nn:Nope", "paper_block", "--shape", "2,3,4"],
+             "A: cannot find 'torch.nn:Nope'"),
+            (["torch.nn:Linear", "torch.nn:Linear", "--args",
+              '{"in_features": 4, "out_features": 4}', "--args-b", '{"no_such": 1}',
+              "--shape", "2,3,4"], "--args-b: Linear(**{"),
+            (["torch.nn:Linear", "ffn", "--args-b", "{}", "--shape", "2,3,4"],
+             "--args-b: only for B given as a module"),
             (["paper_block", "torch.nn:Linear", "--args", "[1]"], "--args: expected a JSON"),
             (["paper_block", "ffn", "--shape", "2,3"], "--shape: only for a module"),
             (["paper_block", "ffn", "--labels", "x"], "--labels: expected two names"),
             (["paper_block", "torch.nn:Linear"], "--shape: a module needs its input's shape")]:
         assert main(["formula-diff", *args, "--out", out]) == 2
         assert message in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
+    assert not (tmp_path / "out").exists()  # nothing written, not even the folder
 
 
 def test_the_command_line_writes_and_compiles_the_comparison(tmp_path, capsys):

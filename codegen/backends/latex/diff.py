@@ -47,7 +47,6 @@ class Comparison:
 
     title: str
     rows: tuple[Row, ...]
-    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ def side_by_side(left: Sequence[Formula], right: Sequence[Formula],
 
 def _paired(left: Sequence[Formula], right: Sequence[Formula]) -> list[Row]:
     """Formulas that differ, paired by their left-hand sides."""
-    lhs = [[_stated(f)[0] for f in side] for side in (left, right)]
+    lhs = [[f.matrix_lhs for f in side] for side in (left, right)]  # the bare symbol
     rows: list[Row] = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=lhs[0], b=lhs[1],
                                                         autojunk=False).get_opcodes():
@@ -141,12 +140,15 @@ def block_changes(a: dict, b: dict) -> list[BlockChange]:
     its order, then those gone from ``a``. A block in both changed where its statement did
     (the loss's part) or where a derivative it reads did: ``changed`` names them, from
     ``"J_V"``, ``"J_W"`` (the variables' symbols), ``"second"`` and ``"statement"`` (the
-    block's own formula as printed: its loss's part, or a matrix form found on one side)."""
+    block's own formula as printed: its loss's part, or a matrix form found on one side);
+    ``"transposed"`` where the two documents order the pair's variables differently (the
+    block is the other's transpose, compared through its Jacobians only)."""
     blocks = [_by_key(_section(c, "Loss Hessian")) for c in (a, b)]
     firsts = [_by_key(_section(c, "First derivatives")) for c in (a, b)]
     seconds = [{_pair(k): v for k, v in _by_key(_section(c, "Second derivatives")).items()}
                for c in (a, b)]
     before = {_pair(k): v for k, v in blocks[0].items()}
+    orders = [{_pair(k): k for k in blocks[0]}]
     changes = []
     for pair, formulas in blocks[1].items():
         old = before.pop(_pair(pair), None)
@@ -155,10 +157,14 @@ def block_changes(a: dict, b: dict) -> list[BlockChange]:
             continue
         changed = [f"J_{{{v}}}" for v in dict.fromkeys(pair)
                    if _texts(firsts[0].get((v,), [])) != _texts(firsts[1].get((v,), []))]
-        if _texts(seconds[0].get(_pair(pair), [])) != _texts(seconds[1].get(_pair(pair), [])):
-            changed.append("second")
-        if [statement(f) for f in old] != [statement(f) for f in formulas]:  # (the loss's)
-            changed.append("statement")
+        if orders[0][_pair(pair)] != tuple(pair):  # stated as the transpose: not comparable
+            changed.append("transposed")
+        else:
+            if _texts(seconds[0].get(_pair(pair), [])) != _texts(seconds[1].get(_pair(pair),
+                                                                                 [])):
+                changed.append("second")
+            if [statement(f) for f in old] != [statement(f) for f in formulas]:  # the loss's
+                changed.append("statement")
         changes.append(BlockChange(pair, "changed" if changed else "same", tuple(changed)))
     changes += [BlockChange(pair, "gone") for pair in before]
     return changes
@@ -171,11 +177,12 @@ CELLS = {"new": "+", "gone": "-", "same": r"\cdot"}
 def _cell(change: BlockChange) -> str:
     """A block's cell in the grid: ``+`` new, ``-`` gone, ``·`` the same; a changed block
     lists what changed: ``J`` an output Jacobian, ``\\partial^2`` the second derivative,
-    ``H`` the block's own statement."""
+    ``H`` the block's own statement, ``\\top`` stated as the transpose."""
     if change.status != "changed":
         return CELLS[change.status]
     codes = {"J": any(c.startswith("J_") for c in change.changed),
-             r"\partial^2": "second" in change.changed, "H": "statement" in change.changed}
+             r"\partial^2": "second" in change.changed, "H": "statement" in change.changed,
+             r"\top": "transposed" in change.changed}
     return ",".join(code for code, there in codes.items() if there)
 
 
@@ -194,7 +201,7 @@ def jacobian_changes(a: dict, b: dict) -> dict[str, list[str]]:
     ``"gone"`` or ``"same"`` from ``a`` to ``b``."""
     firsts = [_by_key(_section(c, "First derivatives")) for c in (a, b)]
     found: dict[str, list[str]] = {"changed": [], "new": [], "gone": [], "same": []}
-    for key in dict.fromkeys([*firsts[1], *firsts[0]]):
+    for key in dict.fromkeys(k for k in [*firsts[1], *firsts[0]] if len(k) == 1):
         old, new = firsts[0].get(key), firsts[1].get(key)
         status = ("new" if old is None else "gone" if new is None else
                   "same" if _texts(old) == _texts(new) else "changed")

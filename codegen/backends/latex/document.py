@@ -48,7 +48,8 @@ class Block:
     formulas: list[Formula] = field(default_factory=list)
     text: str = ""
     #: the symbols of the variables it derives along (``("W_{q}",)``; a pair for a
-    #: second derivative or a Hessian block): how two documents' blocks are matched
+    #: second derivative or a Hessian block; ``("W_{q}", r"\ell")`` for the loss's tangents):
+    #: how two documents' blocks are matched
     key: tuple[str, ...] = ()
 
 
@@ -227,10 +228,9 @@ class Builder:
             shape = _size_text((i.dim for i in target.indices), self.notation, r" \times ")
             described = "a tensor of order " + str(len(target.indices))
         matrix_lhs = matrix_lhs or symbol
-        return Formula(
-            lhs, _lines(printer, expr, lhs, self.line), matrix_lhs,
-            None if matrix is None else _lines(printer, matrix, matrix_lhs, self.line),
-            shape, described, note)
+        matrix_lines = None if matrix is None else _lines(printer, matrix, matrix_lhs, self.line)
+        return Formula(lhs, _lines(printer, expr, lhs, self.line), matrix_lhs, matrix_lines,
+                       shape, described, note)
 
     def blocks(self, assigns: list[Assign], titles: dict[str, str] | None = None
                ) -> list[Block]:
@@ -442,11 +442,14 @@ def _first_derivatives(der: Derivation, builder: Builder) -> Section:
         block_list = builder.blocks(group(f"tangent_{v}"))
         block_list += builder.blocks(group(f"jacobian_{v}"),
                                      {f"jacobian_{v}": "Output Jacobian"})
-        block_list += builder.blocks(group(f"loss_tangent_{v}"))
         for block in block_list:
-            block.title = f"${builder.notation(v)}$: {block.title}"
             block.key = (builder.notation(v),)
-        section.blocks += block_list
+        loss = builder.blocks(group(f"loss_tangent_{v}"))
+        for block in loss:  # the loss's tangents: not J_V's
+            block.key = (builder.notation(v), r"\ell")
+        for block in block_list + loss:
+            block.title = f"${builder.notation(v)}$: {block.title}"
+        section.blocks += block_list + loss
     return section
 
 

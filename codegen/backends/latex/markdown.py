@@ -70,12 +70,13 @@ def diff_statements(context: dict, heading: str = "###") -> str:
              f"{counts['new']} are new, {counts['gone']} gone and {counts['same']} the same "
              "(row $V$, column $W$: $+$ new, $-$ gone, $\\cdot$ the same; a changed block says "
              "what it reads that changed: $J$ an output Jacobian, $\\partial^2$ the second "
-             "derivative, $H$ the block's own statement).", "",
+             "derivative, $H$ the block's own statement, $\\top$ stated as the transpose).", "",
              "| | " + " | ".join(f"${v}$" for v in context["variables"]) + " |",
              "| --- |" + " :-: |" * len(context["variables"])]
     lines += [f"| ${v}$ | " + " | ".join(f"${c}$" if c else "" for c in row) + " |"
               for v, row in context["grid"]]
-    lines += ["", f"{heading} Architecture", "", f"| | {a} | {b} |", "| --- | --- | --- |"]
+    lines += ["", f"{heading} Architecture", "",
+              f"| | {_label(a)} | {_label(b)} |", "| --- | --- | --- |"]
     for row in context["architecture"].rows:
         if row.mark == "skipped":
             lines.append(f"| | *{row.count} the same in both* | |")
@@ -89,3 +90,8 @@ def diff_statements(context: dict, heading: str = "###") -> str:
 def _cell(tex: str) -> str:
     """LaTeX for a Markdown table's cell (a ``|`` would end the cell)."""
     return tex.replace("|", r"\vert ")
+
+
+def _label(text: str) -> str:
+    """A column's label in a Markdown table's header (a ``|`` would end the cell)."""
+    return text.replace("|", "\\|")

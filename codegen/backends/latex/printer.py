@@ -16,6 +16,7 @@ from functools import lru_cache
 
 import sympy as sp
 from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
+from sympy.printing.precedence import PRECEDENCE
 
 from ....derivations import matrixform as mf
 from ....derivations.functions import ScalarFn
@@ -130,8 +131,8 @@ def _decimal(r: sp.Expr) -> bool:
 def _decimal_text(r: sp.Rational) -> str:
     """A rational with a finite decimal expansion, written out (``0.044715``; a power of ten
     as one, ``10^{-5}``)."""
-    if r.p == 1 and sp.log(r.q, 10).is_Integer:
-        return f"10^{{-{sp.log(r.q, 10)}}}"
+    if abs(r.p) == 1 and sp.log(r.q, 10).is_Integer:
+        return f"{'-' if r < 0 else ''}10^{{-{sp.log(r.q, 10)}}}"
     digits = 0
     while (r * 10 ** digits).q != 1:
         digits += 1
@@ -143,9 +144,9 @@ def _decimal_text(r: sp.Rational) -> str:
 class ScalarPrinter(SympyLatexPrinter):
     """SymPy's LaTeX printer, with numbers as written: a float as its shortest decimal
     (``0.044715``) and so a rational that is a short decimal (``8943/200000``); a power of
-    ten as one (``10^{-5}``, not ``1.0 \\cdot 10^{-5}``); an integer over a square root as
-    such (``\\frac{1}{\\sqrt{3}}``, the scale of attention scores, not SymPy's rationalised
-    ``\\frac{\\sqrt{3}}{3}``)."""
+    ten as one (``10^{-5}``, not ``1.0 \\cdot 10^{-5}``); a number that is an integer over a
+    square root as such (``\\frac{1}{\\sqrt{3}}``, the scale of attention scores, not SymPy's
+    rationalised ``\\frac{\\sqrt{3}}{3}``)."""
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         return _decimal_text(expr) if _decimal(expr) else super()._print_Rational(expr)
@@ -153,7 +154,7 @@ class ScalarPrinter(SympyLatexPrinter):
     def _print_Mul(self, expr: sp.Expr) -> str:
         rational, rest = expr.as_coeff_Mul()
         if _decimal(rational):  # 0.044715 x^3, not \frac{8943 x^{3}}{200000}
-            return f"{_decimal_text(rational)} {self._print(rest)}"
+            return f"{_decimal_text(rational)} {self.parenthesize(rest, PRECEDENCE['Mul'])}"
         if (expr.is_number and rational.is_Rational and rational.q > 1 and rest.is_Pow
                 and rest.base.is_Integer and rest.exp == sp.S.Half
                 and (rational * rest.base).is_Integer):
