@@ -238,7 +238,8 @@ def diff_context(a: dict, b: dict, labels: tuple[str, str]) -> dict:
         for status in ("changed", "new", "gone") for v in jacobians[status]]
     counts = {s: sum(c.status == s for c in changes) for s in ("changed", "new", "gone", "same")}
     return dict(
-        labels=labels, headings=(a["heading"], b["heading"]), symbols=_symbols(a, b),
+        labels=labels, headings=tuple(c["heading"].rstrip(".") for c in (a, b)),
+        symbols=_symbols(a, b),
         architecture=Comparison("Architecture", side_by_side(_architecture(a),
                                                              _architecture(b), None)),
         blocks=changes, counts=counts, variables=variables, grid=grid, jacobians=jacobians,
