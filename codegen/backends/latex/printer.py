@@ -334,7 +334,7 @@ class LatexPrinter(ScalarPrinter):
         return rf"{inner}^{{\top}}"
 
     def _print_MatDiag(self, node: mf.MatDiag) -> str:
-        return rf"\operatorname{{diag}}\left({self._print(node.arg)}\right)"
+        return rf"\operatorname{{diag}}\left({_unwrapped(self._print(node.arg))}\right)"
 
     def _print_MatVec(self, node: mf.MatVec) -> str:
         text = rf"\operatorname{{vec}}_r\left({self._print(node.arg)}\right)"
@@ -381,6 +381,19 @@ def latex(expr: Expr | mf.MatExpr | Term, notation: Notation | None = None) -> s
     if isinstance(expr, Expr):
         printer.name_indices(expr)
     return printer.doprint(expr)
+
+
+def _unwrapped(text: str) -> str:
+    """``text`` without one pair of ``\\left( … \\right)`` around all of it (the
+    parentheses a negative factor gets, redundant inside ``diag(…)``)."""
+    if not (text.startswith(r"\left(") and text.endswith(r"\right)")):
+        return text
+    depth = 0
+    for match in re.finditer(r"\\left|\\right", text[:-len(r"\right)")]):
+        depth += 1 if match.group() == r"\left" else -1
+        if depth == 0:  # the first \left( closes before the end
+            return text
+    return text[len(r"\left("):-len(r"\right)")]
 
 
 def width(text: str) -> float:
