@@ -125,6 +125,11 @@ def _by_key(section: Section | None) -> dict[tuple[str, ...], list[Formula]]:
     return found
 
 
+def _both(a: dict, b: dict, title: str) -> list[dict[tuple[str, ...], list[Formula]]]:
+    """The formulas of the section ``title`` of each document, by their blocks' keys."""
+    return [_by_key(_section(context, title)) for context in (a, b)]
+
+
 def _texts(formulas: list[Formula]) -> list[tuple[str, ...]]:
     """The formulas as printed, index form and matrix form: equal exactly where both are."""
     return [(f.lhs, *f.index_lines, f.matrix_lhs, *(f.matrix_lines or ())) for f in formulas]
@@ -143,10 +148,10 @@ def block_changes(a: dict, b: dict) -> list[BlockChange]:
     block's own formula as printed: its loss's part, or a matrix form found on one side);
     ``"transposed"`` where the two documents order the pair's variables differently (the
     block is the other's transpose, compared through its Jacobians only)."""
-    blocks = [_by_key(_section(c, "Loss Hessian")) for c in (a, b)]
-    firsts = [_by_key(_section(c, "First derivatives")) for c in (a, b)]
-    seconds = [{_pair(k): v for k, v in _by_key(_section(c, "Second derivatives")).items()}
-               for c in (a, b)]
+    blocks = _both(a, b, "Loss Hessian")
+    firsts = _both(a, b, "First derivatives")
+    seconds = [{_pair(k): v for k, v in side.items()}
+               for side in _both(a, b, "Second derivatives")]
     before = {_pair(k): v for k, v in blocks[0].items()}
     orders = [{_pair(k): k for k in blocks[0]}]
     changes = []
@@ -199,7 +204,7 @@ def block_grid(changes: list[BlockChange]) -> tuple[list[str], list[tuple[str, l
 def jacobian_changes(a: dict, b: dict) -> dict[str, list[str]]:
     """The variables (their symbols) whose output Jacobian is ``"changed"``, ``"new"``,
     ``"gone"`` or ``"same"`` from ``a`` to ``b``."""
-    firsts = [_by_key(_section(c, "First derivatives")) for c in (a, b)]
+    firsts = _both(a, b, "First derivatives")
     found: dict[str, list[str]] = {"changed": [], "new": [], "gone": [], "same": []}
     for key in dict.fromkeys(k for k in [*firsts[1], *firsts[0]] if len(k) == 1):
         old, new = firsts[0].get(key), firsts[1].get(key)
@@ -230,7 +235,7 @@ def diff_context(a: dict, b: dict, labels: tuple[str, str]) -> dict:
     characters), headed by ``labels``."""
     changes = block_changes(a, b)
     variables, grid = block_grid(changes)
-    firsts = [_by_key(_section(c, "First derivatives")) for c in (a, b)]
+    firsts = _both(a, b, "First derivatives")
     jacobians = jacobian_changes(a, b)
     derivatives = [
         Comparison(f"$J_{{{v}}}$ ({status})", side_by_side(firsts[0].get((v,), []),
