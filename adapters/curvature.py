@@ -438,21 +438,24 @@ class Curvature:
     @_over_dataset
     def diagonal(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None, part: str = "full",
                  max_memory: int | None = None, chunk: int | None = None,
-                 **inputs: Any) -> torch.Tensor:
+                 max_seconds: float | None = None, **inputs: Any) -> torch.Tensor:
         """The diagonal of :meth:`loss_hessian` without forming it, ``(n,)`` in the module's
         order; ``wrt="X"``: per sample ``(B, n_X)``. For a model read as several parts,
         ``max_memory`` (bytes, default 2 GiB) bounds what it holds at once: per sample the
         curvature ``M`` of a part's output (``(L·d)²``) is then never formed, its columns go
         through the model in chunks (``chunk`` fixes how many; see
         :meth:`curvgap.models.Chain.diagonal`); what it cost is kept in
-        :attr:`diagonal_cost`. A single layer's diagonal is derived whole, or with
-        ``max_memory`` or ``chunk`` given a few rows of each parameter at a time."""
+        :attr:`diagonal_cost`. Its time and memory are estimated from its first chunks (said
+        where it takes 5 s or more); past ``max_seconds`` it stops there with a
+        ``TimeoutError`` naming the estimate and the cheaper routes. A single layer's diagonal
+        is derived whole, or with ``max_memory``, ``chunk`` or ``max_seconds`` given a few
+        rows of each parameter at a time."""
         X, T, traced, params = self._prepared(X, T, inputs)
         runner = traced.runner("blocks")
-        if not isinstance(runner, Chain) and (max_memory is not None or chunk is not None):
+        given = {"max_memory": max_memory, "chunk": chunk, "max_seconds": max_seconds}
+        if not isinstance(runner, Chain) and any(v is not None for v in given.values()):
             runner = traced.runner("blocks", chained=True)
-        bounds = {} if not isinstance(runner, Chain) else {"max_memory": max_memory,
-                                                           "chunk": chunk}
+        bounds = given if isinstance(runner, Chain) else {}
         if self._to_input(traced, wrt):
             value = self._mean(runner.diagonal(params, X, T, wrt="X", part=part, **bounds), T,
                                True)
@@ -469,11 +472,12 @@ class Curvature:
     @_over_dataset
     def hessian_trace(self, X: torch.Tensor, T: torch.Tensor, wrt: Any = None,
                       part: str = "full", max_memory: int | None = None,
-                      chunk: int | None = None, **inputs: Any) -> torch.Tensor:
+                      chunk: int | None = None, max_seconds: float | None = None,
+                      **inputs: Any) -> torch.Tensor:
         """The trace of :meth:`loss_hessian` over ``wrt`` (default: as for it), a
         scalar, summed from its exact :meth:`diagonal` (the Hessian never formed; what a
         Hutchinson estimate approximates); with ``wrt="X"`` per sample, ``(B,)``."""
-        diagonal = self.diagonal(X, T, wrt, part, max_memory, chunk, **inputs)
+        diagonal = self.diagonal(X, T, wrt, part, max_memory, chunk, max_seconds, **inputs)
         return checks("torch")._trace_of(diagonal, "hessian_trace")
 
     @one_batch

@@ -11,7 +11,8 @@ With curvlinops installed, the Gauss–Newton product also against curvlinops'
 product of curvgap's operator at the point (``hessian_operator(..., part="gauss_newton")``,
 which keeps the point's forward values between products, as an iterative solver uses it).
 Then the top Hessian eigenvalue by ``scipy``'s ``eigsh`` on
-``hessian_operator(...).to_scipy()`` against ``eigsh`` on double-backward products.
+``hessian_operator(...).to_scipy()`` against ``eigsh`` on double-backward products, and a
+language model's exact diagonal against autograd's and Hutchinson's (:mod:`.diagonal`).
 
 Weights are random (no downloads). ``--quick`` runs every row at tiny sizes (a smoke test);
 ``--device cuda`` runs them on a GPU (times after the device has finished, memory as torch's
@@ -39,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .._extras import message, require
 from ..adapters import curvature
 from ..codegen.output import write_file
+from . import diagonal
 from .suite import machine
 
 
@@ -464,7 +466,7 @@ def markdown(results: dict) -> str:
     ``autograd time / curvgap time`` (curvlinops' time for its columns; n/a in a run without
     curvlinops), the peak memory of the HVP against double backward,
     and the largest relative error; for a fused run the first calls' time; the eigenvalue's
-    line last."""
+    line and the exact diagonal's last."""
     lines = ["| model | dtype | parameters | gradient vs backward | HVP vs double backward | "
              "GN product vs jvp + vjp | GN product vs curvlinops' GGN matvec | GN operator "
              "product at a kept point vs curvlinops' | peak memory, HVP vs double backward | "
@@ -496,6 +498,9 @@ def markdown(results: dict) -> str:
                         f"through one kept gradient graph ({top['ratio_retained']:.2f}×)"
                         if "retained_graph" in top else "")
                      + f", the same eigenvalue to {_relative_scalar(top):.0e}.")
+    if results.get("diagonal") is not None:
+        lines.append("")
+        lines.append(diagonal.line(results["diagonal"]))
     return "\n".join(lines)
 
 
@@ -537,8 +542,13 @@ def run_models(quick: bool, out: Path, device: str = "cpu", fused: bool = False)
               f"{top['double_backward']['seconds']:.2f} s (ratio {top['ratio']:.2f}), on a "
               f"kept gradient graph in {top['retained_graph']['seconds']:.2f} s (ratio "
               f"{top['ratio_retained']:.2f})")
+    print("  … the exact diagonal against Hutchinson's estimate", file=sys.stderr, flush=True)
+    exact = diagonal.exact_diagonal(quick, device, functools.partial(peak_memory,
+                                                                    device=device))
+    print(f"  {diagonal.line(exact)}", flush=True)
     results: dict[str, Any] = {"machine": machine(), "device": where, "quick": quick,
-                               "fused": fused, "rows": rows, "eigenvalue": top}
+                               "fused": fused, "rows": rows, "eigenvalue": top,
+                               "diagonal": exact}
     Path(out).mkdir(parents=True, exist_ok=True)
     write_file(Path(out) / "models.json", json.dumps(results, indent=1) + "\n")
     return results

@@ -372,7 +372,8 @@ class Chain:
     @over_batches()
     def diagonal(self, params: dict[str, Array], X: Array, target: Array,
                  wrt: str | list[str] | None = None, part: str = "full",
-                 max_memory: int | None = None, chunk: int | None = None) -> Array:
+                 max_memory: int | None = None, chunk: int | None = None,
+                 max_seconds: float | None = None) -> Array:
         """The diagonal of :meth:`loss_hessian` over ``wrt`` (default: all of ``PARAMS``),
         ``(n,)`` in ``PARAMS`` order, or with ``wrt="X"`` per sample ``(B, n_X)``, without
         forming a Hessian block over parameters: per part ``k``, the module's own diagonal
@@ -392,14 +393,20 @@ class Chain:
         the columns that go down together (each as a pair, so batches of ``2·chunk``; the
         route is then the chunked one); by default the most that ``max_memory`` holds. What it
         cost is kept in :attr:`diagonal_cost` (:class:`DiagonalCost`); a long run shows a
-        progress bar over samples and chunks."""
+        progress bar over samples and chunks. Its time and memory are estimated from its first
+        chunks (and said where it takes 5 s or more): past ``max_seconds`` it stops there with
+        a ``TimeoutError`` that names the estimate and the cheaper routes. Exact needs the
+        columns: a diagonal from fewer than ``n`` products with a symmetric ``n × n`` matrix
+        is not determined (:mod:`curvgap.models.diagonal`)."""
         if part == "functional":
-            return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk)
-                    - self.diagonal(params, X, target, wrt, "gauss_newton", max_memory, chunk))
+            return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk,
+                                  max_seconds=max_seconds)
+                    - self.diagonal(params, X, target, wrt, "gauss_newton", max_memory, chunk,
+                                    max_seconds))
         if self.checks._check_part(part) == "functional":
             raise ValueError("part: expected 'full' or 'gauss_newton' here (the functional "
                              "part is their difference), got 'functional'")
-        budget = bounds(max_memory, chunk)
+        budget = bounds(max_memory, chunk, max_seconds)
         to_input = self._to_input(wrt)
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
         self.ties.refuse(self._keys(chosen), "diagonal")
@@ -409,7 +416,7 @@ class Chain:
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         pieces, diag_X = self._bounded(Point(layers, inputs, g, target, chosen, lowest,
-                                             to_input, part), budget, chunk)
+                                             to_input, part), budget, chunk, max_seconds)
         if to_input:
             return self.arrays.cast(diag_X, like)
         return self.arrays.cast(self.arrays.cat([pieces[k] for k in range(lowest, self.depth)
@@ -417,11 +424,12 @@ class Chain:
 
     def hessian_trace(self, params: dict[str, Array], X: Array, target: Array,
                       wrt: str | list[str] | None = None, part: str = "full",
-                      max_memory: int | None = None, chunk: int | None = None) -> Array:
+                      max_memory: int | None = None, chunk: int | None = None,
+                      max_seconds: float | None = None) -> Array:
         """The trace of :meth:`loss_hessian` over ``wrt``, a scalar, summed from its exact
-        :meth:`diagonal` (in bounded memory; the Hessian never formed); with ``wrt="X"``
-        per sample, ``(B,)``."""
-        diagonal = self.diagonal(params, X, target, wrt, part, max_memory, chunk)
+        :meth:`diagonal` (in bounded memory, within ``max_seconds``; the Hessian never
+        formed); with ``wrt="X"`` per sample, ``(B,)``."""
+        diagonal = self.diagonal(params, X, target, wrt, part, max_memory, chunk, max_seconds)
         return self.checks._trace_of(diagonal, "hessian_trace")
 
     def jacobian(self, params: dict[str, Array], X: Array, wrt: str) -> Array:

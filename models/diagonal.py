@@ -19,10 +19,19 @@ it by transposed Jacobians (per sample), the products of the pair's parameter co
 The Gauss–Newton part has only the top part's ``S``. Each part's own diagonal is taken a few
 rows of a parameter at a time. The chunks and the rows are as many as the budget holds
 (:func:`most_that_fit`, measured by :func:`~curvgap.models.memory.peak_bytes`); what a call did
-is a :class:`DiagonalCost`."""
+is a :class:`DiagonalCost`. What a call will cost is estimated from its first chunks and
+said before the rest runs; past ``max_seconds`` it stops there and names the cheaper routes.
+
+The columns are what an exact diagonal from products with ``M`` needs: after fewer than
+``n`` products ``M v_i`` (``M`` symmetric ``n × n``) there is a ``u ≠ 0`` orthogonal to every
+``v_i``, and ``M + u u^T`` agrees with every product but not on the diagonal. So per sample
+and source part, ``n_Z`` columns, each a pass down the parts below, unless ``M`` has a
+structure the products use (low rank, or a sparsity the columns can be coloured by; the
+attention in every block couples all positions, so ``M`` has neither in general)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,10 +41,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..codegen.cache import say
 from ..data.ranks import current
 from .arrays import ARRAYS, Array
 from .hessian import Point
-from .memory import check_room, peak_bytes
+from .memory import check_room, peak_bytes, size_text
 
 #: The default bound, in bytes, on what :meth:`Chain.diagonal` holds at once (2 GiB).
 DIAGONAL_MEMORY = 2 * 1024 ** 3
@@ -50,7 +60,10 @@ class DiagonalCost:
     (``"jvp"``, ``"hvp"``, ``"gnvp"``, ``"vjp"``), the passes of one column through one
     part; the parts' own diagonals took ``slices`` calls of a few rows of a parameter on one
     sample each. ``dense_bytes`` is what the dense route holds (it is taken when that fits
-    the budget)."""
+    the budget). ``estimated_seconds`` and ``estimated_bytes`` are what was estimated
+    before most of the work (the time from the first chunk of each source part and the first
+    slice of each parameter's own diagonal, or the dense route's top part's step, plus the
+    planning before them); ``seconds`` is what the call took."""
 
     route: str
     samples: int
@@ -61,6 +74,9 @@ class DiagonalCost:
     passes: dict[str, int] = field(default_factory=dict)
     slices: int = 0
     dense_bytes: int = 0
+    estimated_seconds: float = 0.0
+    estimated_bytes: int = 0
+    seconds: float = 0.0
 
     def add(self, kind: str, part: int, count: int) -> None:
         """Count ``count`` columns' passes of ``kind`` through part ``part``."""
@@ -73,9 +89,14 @@ class DiagonalCost:
         return sum(self.passes.values()) / self.depth / max(self.samples, 1)
 
 
-def bounds(max_memory: Any, chunk: Any) -> int:
-    """``max_memory`` and ``chunk`` checked: the budget in bytes (default
+def bounds(max_memory: Any, chunk: Any, max_seconds: Any = None) -> int:
+    """``max_memory``, ``chunk`` and ``max_seconds`` checked: the budget in bytes (default
     :data:`DIAGONAL_MEMORY`)."""
+    if max_seconds is not None and (isinstance(max_seconds, bool)
+                                    or not isinstance(max_seconds, int | float)
+                                    or not 0 < max_seconds < float("inf")):
+        raise ValueError(f"max_seconds: expected a finite number of seconds > 0 (such as 600) "
+                         f"or None (no limit), got {max_seconds!r}")
     if max_memory is None:
         budget = DIAGONAL_MEMORY
     elif isinstance(max_memory, bool) or not isinstance(max_memory, int | float) \
@@ -114,6 +135,35 @@ def most_that_fit(held: Callable[[int], int], one: int, most: int, budget: int) 
     return int(min(most, units + (budget - bytes_held) // max(slope, 1)))
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads a duration (``"45 s"``, ``"3.2 min"``, ``"1.5 h"``)."""
+    if seconds < 90:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.2g} min" if seconds < 5400 else f"{seconds / 3600:.2g} h"
+
+
+@dataclass
+class _Timed:
+    """The chunked route's pieces, timed on the first sample: per source part ``j`` its
+    chunks per sample (``chunks[j]``), one chunk's second derivative (``source[j]``) and its
+    passes down through each part ``k`` below (``down[j][k]``); per part, the seconds of its
+    own diagonal over the batch (``own[k]``)."""
+
+    samples: int
+    chunks: dict[int, int] = field(default_factory=dict)
+    source: dict[int, float] = field(default_factory=dict)
+    down: dict[int, dict[int, float]] = field(default_factory=dict)
+    own: dict[int, float] = field(default_factory=dict)
+
+    def seconds(self, lowest: int, sources: list[int]) -> float:
+        """The call's time over the parts from ``lowest`` up with these ``sources``."""
+        total = sum(t for k, t in self.own.items() if k >= lowest)
+        for j in sources:
+            per_chunk = self.source[j] + sum(t for k, t in self.down[j].items() if k >= lowest)
+            total += self.samples * self.chunks[j] * per_chunk
+        return total
+
+
 def _progress(total: int, what: str) -> tqdm:
     """A progress bar over ``total`` steps, as the passes over datasets show them: on a
     terminal after a second, on rank 0 only (``TQDM_DISABLE=1`` turns it off)."""
@@ -132,23 +182,51 @@ class BoundedDiagonal:
         self.depth = len(modules)
         #: what the last call cost (None before one)
         self.cost: DiagonalCost | None = None
+        self._started = 0.0  # when the current call started (perf_counter)
 
-    def __call__(self, at: Point, budget: int, chunk: int | None) -> tuple[list, Array | None]:
+    def __call__(self, at: Point, budget: int, chunk: int | None,
+                 max_seconds: float | None = None) -> tuple[list, Array | None]:
         """The dense route where it fits ``budget`` bytes (and no ``chunk`` is given), else
         the chunked one: per part its diagonal (or None), and per sample the input's
-        diagonal (or None)."""
+        diagonal (or None). Past ``max_seconds`` (estimated from the first chunks), a
+        ``TimeoutError`` before the rest of the work."""
+        self._started = time.perf_counter()
         dense = self._dense_bytes(at)
         if chunk is None and dense <= budget:
             check_room(dense, self.arrays.device(at.inputs[0]),
                        f"diagonal: the dense route that max_memory ({budget} bytes) allows",
                        "a max_memory below the memory at hand (default 2 GiB: the columns "
                        "go through the model in chunks)")
-            self.cost = DiagonalCost("dense", at.inputs[0].shape[0], self.depth)
-            pieces, diag_X = self._dense(at)
+            self.cost = DiagonalCost("dense", at.inputs[0].shape[0], self.depth,
+                                     estimated_bytes=dense)
+            pieces, diag_X = self._dense(at, max_seconds)
         else:
-            pieces, diag_X = self._chunked(at, budget, chunk)
+            pieces, diag_X = self._chunked(at, budget, chunk, max_seconds)
         self.cost.dense_bytes = dense
+        self.cost.seconds = time.perf_counter() - self._started
         return pieces, diag_X
+
+    def _estimated(self, at: Point, seconds: float, max_seconds: float | None, how: str,
+                   cheaper: str = "") -> None:
+        """Say the estimate of the call, ``seconds`` (from what ``how`` names), where it is
+        long, and stop past ``max_seconds``, naming the ``cheaper`` routes."""
+        cost = self.cost
+        seconds += time.perf_counter() - self._started  # the planning so far
+        cost.estimated_seconds = seconds
+        entries = (cost.samples * at.sizes[0] if at.to_input else
+                   sum(int(np.prod(at.layers[k][name].shape))
+                       for k in range(self.depth) for name in at.chosen[k]))
+        what = (f"the exact diagonal of {entries} entries takes about {_duration(seconds)} "
+                f"here ({how}), holding about {size_text(cost.estimated_bytes)}")
+        if max_seconds is not None and seconds > max_seconds:
+            raise TimeoutError(
+                f"max_seconds: expected the diagonal within {max_seconds:g} s, got an "
+                f"estimate over it: {what}; nothing more was done. Cheaper: {cheaper}"
+                f"Hutchinson's estimate (the mean of z ⊙ Hz over N random ±1 vectors z: "
+                f"hvp with an (n, N) matrix, or curvlinops' hutchinson_diag on "
+                f"hessian_operator), whose error falls as 1/√N; or a larger max_seconds")
+        if seconds >= 5:
+            say(what)
 
     def _sample(self, k: int, layer: dict[str, Array], b: int, copies: int) -> dict:
         """Part ``k``'s parameters and constants for ``copies`` copies of sample ``b`` (the
@@ -177,12 +255,15 @@ class BoundedDiagonal:
                 own = max(own, rows * held)
         return max(batch * largest, own) * self.arrays.itemsize(inputs[0])
 
-    def _dense(self, at: Point) -> tuple[list, Array | None]:
-        """The dense route: ``M_k`` per sample carried down as in :meth:`Chain.loss_hessian`."""
+    def _dense(self, at: Point, max_seconds: float | None) -> tuple[list, Array | None]:
+        """The dense route: ``M_k`` per sample carried down as in :meth:`Chain.loss_hessian`;
+        its time estimated from the top part's step (the parts below repeat it)."""
         pieces, M = [None] * self.depth, None
-        layers, inputs = at.layers, at.inputs
+        layers, inputs, cost = at.layers, at.inputs, self.cost
         batch = inputs[0].shape[0]
-        for k in range(self.depth - 1, at.lowest - 1, -1):
+        top = self.depth - 1
+        for k in range(top, at.lowest - 1, -1):
+            step = time.perf_counter()
             module, names = self.modules[k], at.chosen[k]
             args = (layers[k], inputs[k], at.against(k))
             if names:
@@ -195,47 +276,90 @@ class BoundedDiagonal:
                 J_X = module.jacobian(layers[k], inputs[k], "X")
                 H_XX = module.loss_hessian(*args, wrt="X", part=at.part)
                 M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
+            if k == top and k > at.lowest:
+                self._estimated(at, (time.perf_counter() - step) * (top - at.lowest + 1),
+                                max_seconds, f"dense route over {cost.samples} sample(s), "
+                                f"estimated from its top part's step")
         if not at.to_input:
             return pieces, None
         return pieces, (M * self.arrays.eye(M.shape[-1], M)).sum(-1)
 
-    def _chunked(self, at: Point, budget: int, chunk: int | None
-                 ) -> tuple[list, Array | None]:
-        """The chunked route; :attr:`cost` records its sweeps."""
+    def _chunked(self, at: Point, budget: int, chunk: int | None,
+                 max_seconds: float | None) -> tuple[list, Array | None]:
+        """The chunked route; :attr:`cost` records its sweeps. The parts' own diagonals are
+        planned first (their slices checked against ``budget``) and sample 0's first chunk
+        of each source runs before the others: from their times the call's is estimated."""
         top, batch = self.depth - 1, at.inputs[0].shape[0]
         # the parts whose input Hessian is a source: every part above the lowest one asked
         # for (and the lowest too for the input); the Gauss–Newton part has only the top's
         sources = [j for j in range(top, at.bottom - 1, -1) if j > at.lowest or at.to_input]
         if at.part == "gauss_newton":
             sources = sources[:1] if sources and sources[0] == top else []
+        held = 0
         if chunk is None:
-            chunk = self._chunk_width(at, sources, budget) if sources else 1
+            chunk, held = self._chunk_width(at, sources, budget) if sources else (1, 0)
         cost = DiagonalCost("chunked", batch, self.depth, chunk)
         self.cost = cost
+        how = (f"chunked route: {batch * sum(at.sizes[j] for j in sources)} columns over "
+               f"{batch} sample(s) in chunks of {2 * chunk}, then the parts' own diagonals; "
+               f"estimated from the first chunk of each source part and the first slice of "
+               f"each parameter")
+        timed = _Timed(batch, {j: -(-at.sizes[j] // (2 * chunk)) for j in sources})
+        plans = {k: self._own_plan(at, k, budget, timed) for k in range(at.lowest, self.depth)
+                 if at.chosen[k]}
+        cost.estimated_bytes = max([held] + [p[4] for plan in plans.values() for p in plan])
         totals = [[None] * len(names) for names in at.chosen]  # Σ over samples, by name
         diag_X = []
-        steps = batch * sum(-(-at.sizes[j] // (2 * chunk)) for j in sources)
+        steps = batch * sum(timed.chunks.values())
         with _progress(steps, "diagonal") as bar:
             for b in range(batch if sources else 0):
                 saved = self._tiled_saved(at, b, 2 * chunk)
                 tiled = self._tiled_targets(at, b, 2 * chunk, sources)
                 value_X = None
-                for j in sources:
-                    for start in range(0, at.sizes[j], 2 * chunk):
-                        value_X = self._source_chunk(at, saved, tiled, j, start, 2 * chunk,
-                                                     totals, value_X, cost)
-                        bar.update(1)
+                # the first chunk of each source first (on sample 0, timed)
+                order = [(j, 0) for j in sources] + [
+                    (j, start) for j in sources
+                    for start in range(2 * chunk, at.sizes[j], 2 * chunk)]
+                for i, (j, start) in enumerate(order):
+                    clock = timed if b == 0 and start == 0 else None
+                    value_X = self._source_chunk(at, saved, tiled, j, start, 2 * chunk,
+                                                 totals, value_X, cost, clock)
+                    bar.update(1)
+                    if b == 0 and i == len(sources) - 1:
+                        self._estimated(at, timed.seconds(at.bottom, sources), max_seconds,
+                                        how, self._cheaper(at, timed, sources))
+                        # a source's tangents would stay while the chunks of the sources
+                        # above it pass down through it: the forward values made again
+                        saved = None
+                        saved = self._tiled_saved(at, b, 2 * chunk)
                 if at.to_input:
                     diag_X.append(value_X)
                 saved = tiled = None  # freed before the next sample's copies are made
+        if not sources:
+            self._estimated(at, timed.seconds(at.bottom, []), max_seconds, how)
         pieces: list = [None] * self.depth
-        for k in range(at.lowest, self.depth):
-            if at.chosen[k]:
-                own = self._own(at, k, budget, cost)
-                pieces[k] = self.arrays.cat([
-                    value if totals[k][i] is None else value + totals[k][i].reshape(-1) / batch
-                    for i, value in enumerate(own)])
+        for k, plan in plans.items():
+            own = self._own(at, k, plan, cost)
+            pieces[k] = self.arrays.cat([
+                value if totals[k][i] is None else value + totals[k][i].reshape(-1) / batch
+                for i, value in enumerate(own)])
         return pieces, self.arrays.stack(diag_X) if at.to_input else None
+
+    def _cheaper(self, at: Point, timed: _Timed, sources: list[int]) -> str:
+        """The routes cheaper than this call, with their estimated times, as a phrase."""
+        routes = []
+        if at.part == "full" and len(sources) > 1:
+            gauss_newton = timed.seconds(at.bottom, sources[:1])
+            routes.append(f"part='gauss_newton' (the loss's curvature through the model "
+                          f"only, about {_duration(gauss_newton)})")
+        if not at.to_input:
+            for k in range(at.lowest + 1, self.depth):
+                if any(at.chosen[i] for i in range(k, self.depth)):
+                    higher = timed.seconds(k, [j for j in sources if j > k])
+                    routes.append(f"wrt= only the parameters asked of {self.prefixes[k]} and "
+                                  f"above (about {_duration(higher)})")
+                    break
+        return "".join(f"{route}; " for route in routes)
 
     def _tiled_saved(self, at: Point, b: int, copies: int) -> list:
         """Each part's saved forward call from the bottom part up, on ``copies`` copies of
@@ -255,14 +379,16 @@ class BoundedDiagonal:
 
     def _source_chunk(self, at: Point, saved: list, tiled: dict[int, Array], j: int,
                       start: int, width: int, totals: list[list], value_X: Array | None,
-                      cost: DiagonalCost) -> Array | None:
+                      cost: DiagonalCost, clock: _Timed | None = None) -> Array | None:
         """One chunk of ``width`` columns of the identity at the input of source part ``j``
         (from column ``start``): ``S E`` by part ``j``'s per-sample input products, then the
         pairs ``(S e_c, e_c)``, half the chunk at a time, down to the bottom part, adding
         ``Σ_c (J^T S e_c) ∘ (J^T e_c)`` into ``totals`` (per part and parameter) and into
-        the input's diagonal, which is returned (None while nothing has reached it)."""
+        the input's diagonal, which is returned (None while nothing has reached it).
+        ``clock``: its pieces' seconds recorded there."""
         module = self.modules[j]
         shape = tuple(at.inputs[j].shape[1:])
+        ticked = time.perf_counter()
         E = self.arrays.unit(at.sizes[j], start, width, at.inputs[j])
         module.jvp_saved(saved[j], None, E.reshape(width, *shape))
         if at.part == "gauss_newton":
@@ -274,12 +400,15 @@ class BoundedDiagonal:
         cost.add("jvp", j, width)
         cost.columns += min(width, at.sizes[j] - start)
         cost.chunks += 1
+        if clock is not None:
+            clock.source[j], clock.down[j] = time.perf_counter() - ticked, {}
         half = width // 2
         for h in range(2):
             # the pairs (S e_c, e_c) of this half as one batch: S e_c first, e_c after
             down = self.arrays.cat([SE[h * half:(h + 1) * half],
                                     E[h * half:(h + 1) * half].reshape(half, *shape)])
             for k in range(j - 1, at.bottom - 1, -1):
+                ticked = time.perf_counter()
                 if at.chosen[k]:
                     grads, down = self.modules[k].vjp_per_sample_saved(saved[k], down)
                     for i, name in enumerate(at.chosen[k]):
@@ -288,16 +417,19 @@ class BoundedDiagonal:
                 else:
                     down = self.modules[k].vjp_saved(saved[k], down)[1]
                 cost.add("vjp", k, 2 * half)
+                if clock is not None:
+                    clock.down[j][k] = clock.down[j].get(k, 0.0) + time.perf_counter() - ticked
             if at.to_input:  # the pairs have reached X
                 flat = down.reshape(2 * half, -1)
                 term = (flat[:half] * flat[half:]).sum(0)
                 value_X = term if value_X is None else value_X + term
         return value_X
 
-    def _chunk_width(self, at: Point, sources: list[int], budget: int) -> int:
-        """The most columns per chunk whose work fits ``budget`` bytes: the most bytes held at
-        once (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk
-        of each source, measured on the first sample (:func:`most_that_fit`)."""
+    def _chunk_width(self, at: Point, sources: list[int], budget: int) -> tuple[int, int]:
+        """The most columns per chunk whose work fits ``budget`` bytes, and the bytes that
+        work holds (estimated): the most bytes held at once
+        (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk of
+        each source, measured on the first sample (:func:`most_that_fit`)."""
 
         def one_sample(width: int) -> None:
             saved = self._tiled_saved(at, 0, 2 * width)
@@ -307,30 +439,38 @@ class BoundedDiagonal:
                 self._source_chunk(at, saved, tiled, j, 0, 2 * width, scratch, None,
                                    DiagonalCost("chunked", 1, self.depth))
 
+        measured: dict[int, int] = {}
+
         def held(width: int) -> int:
-            return peak_bytes(partial(one_sample, width), self.backend)
+            measured[width] = peak_bytes(partial(one_sample, width), self.backend)
+            return measured[width]
 
         one = held(1)
         if one > budget:
             raise ValueError(f"max_memory: expected at least {one} bytes (one column's work "
                              f"in the chunked diagonal at these sizes), got {budget}")
-        return most_that_fit(held, one, -(-max(at.sizes[j] for j in sources) // 2), budget)
+        width = most_that_fit(held, one, -(-max(at.sizes[j] for j in sources) // 2), budget)
+        return width, _at(measured, width, budget)
 
-    def _own(self, at: Point, k: int, budget: int, cost: DiagonalCost) -> list[Array]:
-        """Part ``k``'s own diagonal over its names asked, against its target, averaged over
-        the batch: per name the ``vec_r`` of its entries, one sample and as many rows of its
-        first axis at a time as fit in ``budget`` bytes (their work measured on the first
-        sample, :func:`most_that_fit`)."""
+    def _own_plan(self, at: Point, k: int, budget: int, timed: _Timed) -> list[tuple]:
+        """Part ``k``'s own diagonal planned, per name asked: ``(rows, step, first, seconds,
+        bytes)``, as many rows of its first axis at a time (``step``) as fit in ``budget``
+        bytes (their work measured on the first sample, :func:`most_that_fit`), the first
+        slice's value on sample 0 (``first``) and its time, and the bytes a slice holds;
+        ``timed.own[k]`` is the part's whole estimate."""
         module, batch = self.modules[k], at.inputs[k].shape[0]
         X, against = at.inputs[k], at.against(k)
         first = self._sample(k, at.layers[k], 0, 1)
-        values = []
+        plan = []
         for name in at.chosen[k]:
             rows = module.diagonal_row_layout(first, X[:1], name)[0]
+            measured: dict[int, int] = {}
 
-            def held(stop: int, name: str = name) -> int:
-                return peak_bytes(partial(module.diagonal_rows, first, X[:1], against[:1],
-                                          name, 0, stop, at.part), self.backend)
+            def held(stop: int, name: str = name, measured: dict = measured) -> int:
+                measured[stop] = peak_bytes(partial(
+                    module.diagonal_rows, first, X[:1], against[:1], name, 0, stop, at.part),
+                    self.backend)
+                return measured[stop]
 
             one = held(1)
             if one > budget:
@@ -338,15 +478,37 @@ class BoundedDiagonal:
                                  f"row of {self.prefixes[k]}.{name} for its own diagonal), "
                                  f"got {budget}")
             step = most_that_fit(held, one, rows, budget)
+            ticked = time.perf_counter()
+            value = module.diagonal_rows(first, X[:1], against[:1], name, 0, step, at.part)
+            seconds = time.perf_counter() - ticked
+            plan.append((rows, step, value, seconds, _at(measured, step, budget)))
+            timed.own[k] = timed.own.get(k, 0.0) + seconds * batch * -(-rows // step)
+        return plan
+
+    def _own(self, at: Point, k: int, plan: list[tuple], cost: DiagonalCost) -> list[Array]:
+        """Part ``k``'s own diagonal over its names asked, against its target, averaged over
+        the batch, as ``plan``\'s (:meth:`_own_plan`) slices: per name the ``vec_r`` of its
+        entries."""
+        module, batch = self.modules[k], at.inputs[k].shape[0]
+        X, against = at.inputs[k], at.against(k)
+        values = []
+        for name, (rows, step, first, _, _) in zip(at.chosen[k], plan):
             slices = []
             for start in range(0, rows, step):
                 total = None
                 for b in range(batch):
-                    value = module.diagonal_rows(self._sample(k, at.layers[k], b, 1),
-                                                 X[b:b + 1], against[b:b + 1], name,
-                                                 start, min(rows, start + step), at.part)
+                    value = first if start == 0 and b == 0 else module.diagonal_rows(
+                        self._sample(k, at.layers[k], b, 1), X[b:b + 1], against[b:b + 1],
+                        name, start, min(rows, start + step), at.part)
                     total = value if total is None else total + value
                     cost.slices += 1
                 slices.append(total / batch)
             values.append(self.arrays.cat(slices))
         return values
+
+
+def _at(measured: dict[int, int], units: int, budget: int) -> int:
+    """The bytes ``units`` hold, from the measures at other counts (``measured``): the
+    largest measure at or below it, scaled to it, within ``budget``."""
+    below = max(u for u in measured if u <= units)
+    return min(budget, max(measured[below], measured[below] * units // below))

@@ -87,7 +87,8 @@ def memory_at_hand(device: Any = "cpu") -> int:
         return 2**62
 
 
-def _size(count: float) -> str:
+def size_text(count: float) -> str:
+    """``count`` bytes as a person reads them (``"1.9 GB"``)."""
     for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
         if count < 1000 or unit == "PB":
             return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.3g} {unit}"
@@ -100,6 +101,6 @@ def check_room(needed: int, device: Any, what: str, instead: str) -> None:
     memory of ``device``, naming the calls that compute it in parts (``instead``)."""
     have = memory_at_hand(device)
     if needed > have:
-        raise MemoryError(f"{what} takes {_size(needed)} ({needed} bytes), more than the "
-                          f"{_size(have)} of memory at hand ({torch.device(device).type}); "
+        raise MemoryError(f"{what} takes {size_text(needed)} ({needed} bytes), more than the "
+                          f"{size_text(have)} of memory at hand ({torch.device(device).type}); "
                           f"compute it in parts: {instead}")

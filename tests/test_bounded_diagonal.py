@@ -254,3 +254,50 @@ def test_a_stack_in_chunks_agrees_with_the_dense_route(backend):
         chunked = torch.as_tensor(stack.diagonal(params, X, T, wrt=wrt, chunk=2))
         assert stack.diagonal_cost.route == "chunked"
         assert relative(chunked, dense) <= 1e-10
+
+
+def _stack() -> tuple:
+    stack = Chain.generate([(str(k), SHIPPED["rmsnorm_block"]) for k in range(3)], "torch")
+    generator = torch.Generator().manual_seed(7)
+    shapes = stack.parameter_shapes({"L": 3, "d": 4, "d_k": 2, "d_ff": 5})
+    params = {name: torch.randn(shape, generator=generator, dtype=DTYPE) * 0.7
+              + (0.5 if len(shape) == 1 else 0.0) for name, shape in shapes.items()}
+    X, T = (torch.randn(2, 3, 4, generator=generator, dtype=DTYPE) for _ in range(2))
+    return stack, params, X, T
+
+
+def test_a_time_limit_stops_after_the_first_chunks_with_the_estimate_and_cheaper_routes():
+    stack, params, X, T = _stack()
+    whole = stack.diagonal(params, X, T, chunk=2)
+    cost = stack.diagonal_cost
+    assert cost.estimated_seconds > 0 and cost.seconds > 0 and cost.estimated_bytes >= 0
+    # a limit the estimate stays within changes nothing
+    assert relative(stack.diagonal(params, X, T, chunk=2, max_seconds=1e6), whole) == 0
+    with pytest.raises(TimeoutError, match=(
+            r"^max_seconds: expected the diagonal within 1e-09 s, got an estimate over it: "
+            r"the exact diagonal of \d+ entries takes about .+ here \(chunked route: 48 "
+            r"columns over 2 sample\(s\) in chunks of 4.*nothing more was done\. Cheaper: "
+            r"part='gauss_newton' \(.+\); wrt= only the parameters asked of 1 and above "
+            r"\(about .+\); Hutchinson's estimate")):
+        stack.diagonal(params, X, T, chunk=2, max_seconds=1e-9)
+    # one chunk per source part (the parts above the lowest) and the first slices, no more
+    assert stack.diagonal_cost.chunks == 2 and stack.diagonal_cost.slices == 0
+    with pytest.raises(TimeoutError, match=r"\(dense route over 2 sample\(s\), estimated from "
+                                           r"its top part's step\)"):
+        stack.diagonal(params, X, T, max_seconds=1e-9)
+
+
+def test_a_budget_below_one_row_of_a_parameter_is_refused_before_any_chunk():
+    stack, params, X, T = _stack()
+    with pytest.raises(ValueError, match=r"max_memory: expected at least \d+ bytes \(the work "
+                                         r"of one row of 0\.W_Q for its own diagonal\), got 1$"):
+        stack.diagonal(params, X, T, chunk=1, max_memory=1)
+    assert stack.diagonal_cost.chunks == 0
+
+
+def test_bad_time_limits_are_refused_by_name():
+    stack, params, X, T = _stack()
+    for bad in (0, -1, float("nan"), float("inf"), "10", True):
+        with pytest.raises(ValueError, match=r"max_seconds: expected a finite number of "
+                                             r"seconds > 0 \(such as 600\) or None"):
+            stack.diagonal(params, X, T, max_seconds=bad)

@@ -1,0 +1,120 @@
+"""The exact-diagonal row of ``curvgap bench --models``: a whole language model's exact
+Hessian diagonal, what it was estimated to cost before it ran and what it cost, against
+autograd's exact diagonal (one double backward per entry) and against Hutchinson's estimate
+given the same time.
+
+The model is a 2-layer GPT-2 with its own (untied) head on token ids, its own loss (the
+shifted next-token cross-entropy), float64, one sample, random weights. Hutchinson's
+estimate is the mean of ``z ⊙ Hz`` over Rademacher vectors ``z``, its products curvgap's
+HVPs in columns of 64, as many columns as take the exact diagonal's time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..adapters import curvature
+
+#: Hutchinson's products per call (the columns of one matrix ``v``)
+COLUMNS = 64
+
+
+def _model(quick: bool, device: str) -> tuple[torch.nn.Module, dict, str]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d, L, V, heads = (16, 8, 40, 2) if quick else (64, 32, 512, 4)
+    config = GPT2Config(n_embd=d, n_layer=2, n_head=heads, n_positions=L, vocab_size=V,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager",
+                        tie_word_embeddings=False)
+    generator = torch.Generator().manual_seed(0)
+    module = GPT2LMHeadModel(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.02
+                    + (1.0 if p.ndim == 1 and "weight" in name else 0.0))
+    ids = torch.randint(0, V, (1, L), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids.to(device), "labels": ids.to(device), "use_cache": False}
+    return module.to(device), batch, f"GPT-2 LM, 2 layers, d={d}, L={L}, {V} words, B=1"
+
+
+def _double_backward(module: torch.nn.Module, batch: dict) -> Any:
+    """``v ↦ H v`` by double backward on the module's loss (the shifted next-token
+    cross-entropy, in float64: the model's own casts its logits to float32), MATH attention
+    kernel."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    ids = batch["input_ids"]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        logits = module(input_ids=ids, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 ids[:, 1:].reshape(-1))
+        grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
+                                                                     create_graph=True)])
+
+    def product(v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+            grad, params, v, retain_graph=True)])
+    return product
+
+
+def exact_diagonal(quick: bool, device: str = "cpu", peak: Any = None) -> dict:
+    """The row: the exact diagonal's time, its estimate, route and peak memory (``peak(fn)``
+    in GB, or None), 8 sampled entries' relative error against double backward on unit
+    vectors, autograd's exact diagonal at its timed rate (``n`` double backwards), and
+    Hutchinson's relative error ``‖d̂ − d‖ / ‖d‖`` after as many products as take the same
+    time."""
+    module, batch, name = _model(quick, device)
+    c = curvature(module, loss="model")
+    n = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    try:  # the first use: reading the module and generating the diagonal's code
+        c.diagonal(batch, max_seconds=1e-9)
+    except TimeoutError:
+        pass
+    held: dict[str, Any] = {}
+
+    def run() -> None:
+        start = time.perf_counter()
+        held["diagonal"] = c.diagonal(batch)
+        held["seconds"] = time.perf_counter() - start
+
+    memory = peak(run) if peak is not None else run()
+    exact, seconds, cost = held["diagonal"], held["seconds"], c.diagonal_cost
+    product = _double_backward(module, batch)
+    entries = torch.nonzero(exact).reshape(-1)
+    entries = entries[torch.randperm(entries.numel(),
+                                     generator=torch.Generator().manual_seed(2))[:8]]
+    start = time.perf_counter()
+    reference = torch.stack([product(torch.nn.functional.one_hot(i, n).to(exact))[i]
+                             for i in entries])
+    double_backward = (time.perf_counter() - start) / len(entries)
+    generator = torch.Generator(device=device).manual_seed(3)
+    total, products, start = torch.zeros_like(exact), 0, time.perf_counter()
+    while products == 0 or time.perf_counter() - start < seconds:
+        Z = torch.randint(0, 2, (n, COLUMNS), generator=generator, device=device,
+                          dtype=exact.dtype) * 2 - 1
+        total += (Z * c.hvp(batch, Z)).sum(1)
+        products += COLUMNS
+    hutchinson = total / products
+    return {"model": name, "parameters": n, "route": cost.route, "seconds": seconds,
+            "estimated_seconds": cost.estimated_seconds, "peak_memory_gb": memory,
+            "backward_equivalents": cost.backward_equivalents,
+            "relative_error": float((exact[entries] - reference).norm() / reference.norm()),
+            "autograd_seconds": n * double_backward,
+            "hutchinson_products": products,
+            "hutchinson_seconds": time.perf_counter() - start,
+            "hutchinson_relative_error": float((hutchinson - exact).norm() / exact.norm())}
+
+
+def line(row: dict) -> str:
+    """The row as the run prints it and the docs show it."""
+    memory = "" if row["peak_memory_gb"] is None else f", peak {row['peak_memory_gb']:.2f} GB"
+    return (f"Exact diagonal of {row['model']} ({row['parameters']:,} entries, "
+            f"{row['route']} route): {row['seconds']:.3g} s (estimated beforehand: "
+            f"{row['estimated_seconds']:.2g} s){memory}, 8 sampled entries within "
+            f"{row['relative_error']:.0e} of double backward; autograd's exact diagonal "
+            f"(a double backward per entry) would take about {row['autograd_seconds']:.0f} s "
+            f"({row['autograd_seconds'] / row['seconds']:.0f}×); Hutchinson's estimate in "
+            f"the same time ({row['hutchinson_products']:,} HVPs) is off by "
+            f"{100 * row['hutchinson_relative_error']:.0f} % (relative error of the whole "
+            f"diagonal).")
