@@ -106,14 +106,18 @@ def exact_diagonal(quick: bool, device: str = "cpu", peak: Any = None) -> dict:
             "hutchinson_relative_error": float((hutchinson - exact).norm() / exact.norm())}
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
+
+
 def line(row: dict) -> str:
     """The row as the run prints it and the docs show it."""
     memory = "" if row["peak_memory_gb"] is None else f", peak {row['peak_memory_gb']:.2f} GB"
     return (f"Exact diagonal of {row['model']} ({row['parameters']:,} entries, "
-            f"{row['route']} route): {row['seconds']:.3g} s (estimated beforehand: "
-            f"{row['estimated_seconds']:.2g} s){memory}, 8 sampled entries within "
+            f"{row['route']} route): {_seconds(row['seconds'])} (estimated beforehand: "
+            f"{_seconds(row['estimated_seconds'])}){memory}, 8 sampled entries within "
             f"{row['relative_error']:.0e} of double backward; autograd's exact diagonal "
-            f"(a double backward per entry) would take about {row['autograd_seconds']:.0f} s "
+            f"(a double backward per entry) would take about {_seconds(row['autograd_seconds'])} "
             f"({row['autograd_seconds'] / row['seconds']:.0f}×); Hutchinson's estimate in "
             f"the same time ({row['hutchinson_products']:,} HVPs) is off by "
             f"{100 * row['hutchinson_relative_error']:.0f} % (relative error of the whole "

@@ -356,8 +356,8 @@ class BoundedDiagonal:
             for k in range(at.lowest + 1, self.depth):
                 if any(at.chosen[i] for i in range(k, self.depth)):
                     higher = timed.seconds(k, [j for j in sources if j > k])
-                    routes.append(f"wrt= only the parameters asked of {self.prefixes[k]} and "
-                                  f"above (about {_duration(higher)})")
+                    routes.append(f"wrt= the parameters of {self.prefixes[k]} and the parts "
+                                  f"above it only (about {_duration(higher)})")
                     break
         return "".join(f"{route}; " for route in routes)
 
