@@ -189,10 +189,13 @@ class BoundedDiagonal:
         """The dense route where it fits ``budget`` bytes (and no ``chunk`` is given), else
         the chunked one: per part its diagonal (or None), and per sample the input's
         diagonal (or None). Past ``max_seconds`` (estimated from the first chunks), a
-        ``TimeoutError`` before the rest of the work."""
+        ``TimeoutError`` before the rest of the work; the dense route over one part is a single
+        step, so with ``max_seconds`` that part takes the chunked route (its first slices
+        give the estimate)."""
         self._started = time.perf_counter()
         dense = self._dense_bytes(at)
-        if chunk is None and dense <= budget:
+        one_step = at.lowest == self.depth - 1
+        if chunk is None and dense <= budget and (max_seconds is None or not one_step):
             check_room(dense, self.arrays.device(at.inputs[0]),
                        f"diagonal: the dense route that max_memory ({budget} bytes) allows",
                        "a max_memory below the memory at hand (default 2 GiB: the columns "

@@ -302,3 +302,17 @@ def test_bad_time_limits_are_refused_by_name():
         with pytest.raises(ValueError, match=r"max_seconds: expected a finite number of "
                                              r"seconds > 0 \(such as 600\) or None"):
             stack.diagonal(params, X, T, max_seconds=bad)
+
+
+def test_a_modules_diagonal_and_trace_take_a_time_limit():
+    model, inputs, T = _encoder()
+    c = curvgap.curvature(model)
+    for method in ("diagonal", "hessian_trace"):
+        with pytest.raises(TimeoutError, match=r"^max_seconds: expected the diagonal within "
+                                               r"1e-09 s, got an estimate over it"):
+            _call(c, method, inputs, T, chunk=2, max_seconds=1e-9)
+    layer = curvgap.curvature(model.layers[0])  # a single layer: its own diagonal in rows
+    with pytest.raises(TimeoutError, match=r"first slice of each parameter"):
+        layer.diagonal(inputs["X"], T, max_seconds=1e-9)
+    with pytest.raises(ValueError, match=r"max_seconds: expected a finite number of seconds"):
+        layer.diagonal(inputs["X"], T, max_seconds=-1)
