@@ -3,8 +3,9 @@ Hessian diagonal, what it was estimated to cost before it ran and what it cost, 
 autograd's exact diagonal (one double backward per entry) and against Hutchinson's estimate
 given the same time.
 
-The model is a 2-layer GPT-2 with its own (untied) head on token ids, its own loss (the
-shifted next-token cross-entropy), float64, one sample, random weights. Hutchinson's
+The model is a 2-layer GPT-2 with its own (untied) head on token ids and the next-token
+cross-entropy, float64, one sample, random weights; the double backward is
+:class:`~curvgap.benchmarks.model_routes.Routes`'. Hutchinson's
 estimate is the mean of ``z ⊙ Hz`` over Rademacher vectors ``z``, its products curvgap's
 HVPs in columns of 64, as many columns as take the exact diagonal's time."""
 
@@ -15,13 +16,13 @@ from typing import Any
 
 import torch
 
-from ..adapters import curvature
+from .model_routes import Model, Routes, relative_error
 
 #: Hutchinson's products per call (the columns of one matrix ``v``)
 COLUMNS = 64
 
 
-def _model(quick: bool, device: str) -> tuple[torch.nn.Module, dict, str]:
+def _model(quick: bool, device: str) -> Model:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     d, L, V, heads = (16, 8, 40, 2) if quick else (64, 32, 512, 4)
@@ -34,28 +35,11 @@ def _model(quick: bool, device: str) -> tuple[torch.nn.Module, dict, str]:
         for name, p in module.named_parameters():
             p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.02
                     + (1.0 if p.ndim == 1 and "weight" in name else 0.0))
-    ids = torch.randint(0, V, (1, L), generator=torch.Generator().manual_seed(1))
-    batch = {"input_ids": ids.to(device), "labels": ids.to(device), "use_cache": False}
-    return module.to(device), batch, f"GPT-2 LM, 2 layers, d={d}, L={L}, {V} words, B=1"
-
-
-def _double_backward(module: torch.nn.Module, batch: dict) -> Any:
-    """``v ↦ H v`` by double backward on the module's loss (the shifted next-token
-    cross-entropy, in float64: the model's own casts its logits to float32), MATH attention
-    kernel."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    ids = batch["input_ids"]
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        logits = module(input_ids=ids, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                 ids[:, 1:].reshape(-1))
-        grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
-                                                                     create_graph=True)])
-
-    def product(v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-            grad, params, v, retain_graph=True)])
-    return product
+    ids = torch.randint(0, V, (1, L + 1), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
+    return Model(f"GPT-2 LM, 2 layers, d={d}, L={L}, {V} words, B=1", module.to(device),
+                 ids[:, :-1], ids[:, 1:], loss="cross_entropy", inputs={"use_cache": False},
+                 curvlinops=False)
 
 
 def exact_diagonal(quick: bool, device: str = "cpu", peak: Any = None) -> dict:
@@ -64,23 +48,24 @@ def exact_diagonal(quick: bool, device: str = "cpu", peak: Any = None) -> dict:
     vectors, autograd's exact diagonal at its timed rate (``n`` double backwards), and
     Hutchinson's relative error ``‖d̂ − d‖ / ‖d‖`` after as many products as take the same
     time."""
-    module, batch, name = _model(quick, device)
-    c = curvature(module, loss="model")
-    n = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    model = _model(quick, device)
+    routes = Routes(model)
+    c, X, T, inputs = routes.curvature, model.X, model.T, model.inputs
+    n = routes.v.numel()
     try:  # the first use: reading the module and generating the diagonal's code
-        c.diagonal(batch, max_seconds=1e-9)
+        c.diagonal(X, T, max_seconds=1e-9, **inputs)
     except TimeoutError:
         pass
     held: dict[str, Any] = {}
 
     def run() -> None:
         start = time.perf_counter()
-        held["diagonal"] = c.diagonal(batch)
+        held["diagonal"] = c.diagonal(X, T, **inputs)
         held["seconds"] = time.perf_counter() - start
 
     memory = peak(run) if peak is not None else run()
     exact, seconds, cost = held["diagonal"], held["seconds"], c.diagonal_cost
-    product = _double_backward(module, batch)
+    product = routes.retained_double_backward()
     entries = torch.nonzero(exact).reshape(-1)
     entries = entries[torch.randperm(entries.numel(),
                                      generator=torch.Generator().manual_seed(2))[:8]]
@@ -93,17 +78,16 @@ def exact_diagonal(quick: bool, device: str = "cpu", peak: Any = None) -> dict:
     while products == 0 or time.perf_counter() - start < seconds:
         Z = torch.randint(0, 2, (n, COLUMNS), generator=generator, device=device,
                           dtype=exact.dtype) * 2 - 1
-        total += (Z * c.hvp(batch, Z)).sum(1)
+        total += (Z * c.hvp(X, T, Z, **inputs)).sum(1)
         products += COLUMNS
     hutchinson = total / products
-    return {"model": name, "parameters": n, "route": cost.route, "seconds": seconds,
+    return {"model": model.name, "parameters": n, "route": cost.route, "seconds": seconds,
             "estimated_seconds": cost.estimated_seconds, "peak_memory_gb": memory,
-            "backward_equivalents": cost.backward_equivalents,
-            "relative_error": float((exact[entries] - reference).norm() / reference.norm()),
+            "relative_error": relative_error(exact[entries], reference),
             "autograd_seconds": n * double_backward,
             "hutchinson_products": products,
             "hutchinson_seconds": time.perf_counter() - start,
-            "hutchinson_relative_error": float((hutchinson - exact).norm() / exact.norm())}
+            "hutchinson_relative_error": relative_error(hutchinson, exact)}
 
 
 def _seconds(value: float) -> str:
