@@ -86,6 +86,9 @@ def test_quick_models_bench_agrees_with_autograd(tmp_path, fused):
     assert math.isclose(top["curvgap"]["eigenvalue"], top["double_backward"]["eigenvalue"],
                         rel_tol=1e-8)
     exact = results["diagonal"]  # the exact diagonal against double backward on unit vectors
+    if fused:  # (not compiled: the unfused run has it)
+        assert exact is None
+        return
     assert exact["relative_error"] < 1e-10
     assert exact["seconds"] > 0 and exact["estimated_seconds"] > 0
     assert exact["hutchinson_products"] >= 64 and exact["hutchinson_relative_error"] > 0
