@@ -449,7 +449,9 @@ class Curvature:
         where it takes 5 s or more); past ``max_seconds`` it stops there with a
         ``TimeoutError`` naming the estimate and the cheaper routes. A single layer's diagonal
         is derived whole, or with ``max_memory``, ``chunk`` or ``max_seconds`` given a few
-        rows of each parameter at a time."""
+        rows of each parameter at a time. A weight tied across parts (a language model's head
+        and token table) has its exact diagonal, the blocks between its places included
+        (``part="full"``; the chunked route)."""
         X, T, traced, params = self._prepared(X, T, inputs)
         runner = traced.runner("blocks")
         given = {"max_memory": max_memory, "chunk": chunk, "max_seconds": max_seconds}
@@ -463,9 +465,17 @@ class Curvature:
             pieces, used, n = self._selection(traced, wrt)
             if not used:
                 return X.new_zeros(n)
-            refuse_tied(pieces, "diagonal")
+            tied = [list(ours) for _, ours, _ in pieces if len(ours) > 1]
+            if tied and not isinstance(runner, Chain):  # read twice in one part
+                refuse_tied(pieces, "diagonal")
+            if tied and part != "full":
+                name = next(name for name, ours, _ in pieces if len(ours) > 1)
+                raise NotImplementedError(
+                    f"part: the {part!r} diagonal of the tied weight {name} needs each "
+                    f"sample's own {part} products where it is read; part='full' is exact")
+            shared = {"shared": tied} if tied else {}
             value = self._mean(spread(runner.diagonal(params, X, T, wrt=used, part=part,
-                                                      **bounds), pieces, used), T)
+                                                      **bounds, **shared), pieces, used), T)
         self.diagonal_cost = runner.diagonal_cost if isinstance(runner, Chain) else None
         return value
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.arrays import written
+from ..models.arrays import ARRAYS, flat_slots, written
 from ..runtime.loading import checks
 from .traced import Traced
 
@@ -77,15 +77,9 @@ def empty(pieces: list[Piece], like: torch.Tensor, columns: int | None = None
     device, ``(n,)``, or ``(n, columns)``; for ``(n,)``, the slice of each piece by the
     runner's name of the last place it is read: the runner writes its result there (a tied
     weight's other places are added to it)."""
-    n = sum(size for *_, size in pieces)
-    out = torch.empty((n,) if columns is None else (n, columns), dtype=like.dtype,
-                      device=like.device)
-    slots, offset = {}, 0
-    for _, ours, size in pieces:
-        if columns is None and ours:
-            slots[ours[-1]] = out[offset:offset + size]
-        offset += size
-    return out, slots
+    out, slots = flat_slots(ARRAYS["torch"], [(k, size) for k, (*_, size) in enumerate(pieces)],
+                            like, columns)
+    return out, {pieces[k][1][-1]: slot for k, slot in slots.items() if pieces[k][1]}
 
 
 def assembled(out: torch.Tensor, columns: list[dict], pieces: list[Piece], function: str,

@@ -35,7 +35,9 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``jvp``                     ``dZ`` along directions ``u_V`` in every variable at once;
 ``hvp_joint``               the Hessian over every variable (``X`` and the parameters) times
                             one joint direction ``u`` (and the input's gradient): the pieces
-                            a chain of modules needs.
+                            a chain of modules needs;
+``per_sample_hvp_joint``    its products in the parameters, each sample's own,
+                            ``(B, *shape(V))`` (the pairs of a tied parameter's diagonal).
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
 """
@@ -410,11 +412,17 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
             der.add("joint_gradient", (der.X.name,),
                     g.output(f"joint_gradient_{der.X.name}", adjoints[der.X.name]))
         calculus.propagate(g, program, tangents, "w")
+        products = {}
         for var in der.variables:
-            hv = calculus.differentiate(g, adjoints[var.name], tangents)
-            der.add("hvp_joint", (var.name,), g.output(f"hvp_joint_{var.name}", hv,
-                                                       mean_over_batch=var is not der.X),
-                    direction=inputs[var.name].name)
+            products[var.name] = calculus.differentiate(g, adjoints[var.name], tangents)
+            der.add("hvp_joint", (var.name,), g.output(
+                f"hvp_joint_{var.name}", products[var.name], mean_over_batch=var is not der.X),
+                direction=inputs[var.name].name)
+    if der.params:  # each sample's own products in the parameters (a tied diagonal's pairs)
+        with der.add_group("per_sample_hvp_joint", ("hvp_joint",)):
+            for var in der.params:
+                der.add("per_sample_hvp_joint", (var.name,), g.output(
+                    f"per_sample_hvp_joint_{var.name}", products[var.name]))
     return output_tangent
 
 

@@ -31,6 +31,21 @@ def written(array: Array, value: Array) -> None:
         array[...] = value.reshape(-1)
 
 
+def flat_slots(arrays: NumpyArrays | TorchArrays, sizes: list[tuple[Any, int]], like: Array,
+               columns: int | None = None) -> tuple[Array, dict]:
+    """An empty result over the blocks ``sizes`` (``(key, entries)``, in order) in ``like``'s
+    dtype (and device), ``(n,)`` or ``(n, columns)``, and for ``(n,)`` key → its block's slice:
+    where a result over that block is written (:func:`written`)."""
+    n = sum(size for _, size in sizes)
+    flat = arrays.empty(n if columns is None else (n, columns), like)
+    slots, offset = {}, 0
+    for key, size in sizes:
+        if columns is None:
+            slots[key] = flat[offset:offset + size]
+        offset += size
+    return flat, slots
+
+
 class NumpyArrays:
     """numpy's calls (arrays on the CPU)."""
 
@@ -43,7 +58,7 @@ class NumpyArrays:
     def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
         return np.zeros(shape, dtype=like.dtype)
 
-    def empty(self, n: int, like: Array) -> Array:
+    def empty(self, n: int | tuple[int, ...], like: Array) -> Array:
         return np.empty(n, dtype=like.dtype)
 
     def eye(self, n: int, like: Array) -> Array:
@@ -115,7 +130,7 @@ class TorchArrays:
     def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
         return torch.zeros(*shape, dtype=like.dtype, device=like.device)
 
-    def empty(self, n: int, like: Array) -> Array:
+    def empty(self, n: int | tuple[int, ...], like: Array) -> Array:
         return torch.empty(n, dtype=like.dtype, device=like.device)
 
     def eye(self, n: int, like: Array) -> Array:

@@ -31,11 +31,11 @@ from ..data import over_batches
 from ..derivations.config import Config
 from ..derivations.program import Program
 from ..runtime.loading import checks
-from .arrays import ARRAYS, Array, written
+from .arrays import ARRAYS, Array, flat_slots, written
 from .diagonal import BoundedDiagonal, DiagonalCost, bounds
 from .generation import check_parts, generated
 from .hessian import Point, backpropagate
-from .ties import Ties
+from .ties import Ties, shared_places
 
 
 def _key(prefix: str, name: str) -> str:
@@ -247,10 +247,8 @@ class Chain:
         """An empty flat array for the results over ``names`` (in order, in the dtype ``like``
         is computed in), and name → its slice for each."""
         self._layers(params)  # a worded error for missing or unknown keys
-        sizes = [int(np.prod(params[name].shape)) for name in names]
-        flat = self.arrays.empty(sum(sizes), self.arrays.wide(like))
-        offsets = np.cumsum([0, *sizes])
-        return flat, {name: flat[offsets[i]:offsets[i + 1]] for i, name in enumerate(names)}
+        return flat_slots(self.arrays, [(name, int(np.prod(params[name].shape)))
+                                        for name in names], self.arrays.wide(like))
 
     @over_batches()
     def gradient(self, params: dict[str, Array], X: Array, target: Array,
@@ -373,7 +371,8 @@ class Chain:
     def diagonal(self, params: dict[str, Array], X: Array, target: Array,
                  wrt: str | list[str] | None = None, part: str = "full",
                  max_memory: int | None = None, chunk: int | None = None,
-                 max_seconds: float | None = None) -> Array:
+                 max_seconds: float | None = None, shared: list[list[str]] | None = None
+                 ) -> Array:
         """The diagonal of :meth:`loss_hessian` over ``wrt`` (default: all of ``PARAMS``),
         ``(n,)`` in ``PARAMS`` order, or with ``wrt="X"`` per sample ``(B, n_X)``, without
         forming a Hessian block over parameters: per part ``k``, the module's own diagonal
@@ -397,7 +396,12 @@ class Chain:
         chunks (and said where it takes 5 s or more): past ``max_seconds`` it stops there with
         a ``TimeoutError`` that names the estimate and the cheaper routes. Exact needs the
         columns: a diagonal from fewer than ``n`` products with a symmetric ``n × n`` matrix
-        is not determined (:mod:`curvgap.models.diagonal`)."""
+        is not determined (:mod:`curvgap.models.diagonal`). ``shared``: groups of names that
+        are one parameter read in several places (:func:`~curvgap.models.ties.shared_places`);
+        each place's entries then hold its share, and their sum over a group is that
+        parameter's diagonal, the blocks between its places included (the chunked route)."""
+        if shared and part != "full":
+            shared_places(shared, [], [], {}, part)  # refused: not the full Hessian
         if part == "functional":
             return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk,
                                   max_seconds=max_seconds)
@@ -415,8 +419,10 @@ class Chain:
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
+        places = shared_places(shared, self.part_keys, chosen,
+                               {key: tuple(value.shape) for key, value in params.items()}, part)
         pieces, diag_X = self._bounded(Point(layers, inputs, g, target, chosen, lowest,
-                                             to_input, part), budget, chunk, max_seconds)
+                                             to_input, part, places), budget, chunk, max_seconds)
         if to_input:
             return self.arrays.cast(diag_X, like)
         return self.arrays.cast(self.arrays.cat([pieces[k] for k in range(lowest, self.depth)

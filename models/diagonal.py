@@ -195,7 +195,8 @@ class BoundedDiagonal:
         self._started = time.perf_counter()
         dense = self._dense_bytes(at)
         one_step = at.lowest == self.depth - 1
-        if chunk is None and dense <= budget and (max_seconds is None or not one_step):
+        if chunk is None and dense <= budget and (max_seconds is None or not one_step) \
+                and not at.shared:
             check_room(dense, self.arrays.device(at.inputs[0]),
                        f"diagonal: the dense route that max_memory ({budget} bytes) allows",
                        "a max_memory below the memory at hand (default 2 GiB: the columns "
@@ -394,9 +395,13 @@ class BoundedDiagonal:
         ticked = time.perf_counter()
         E = self.arrays.unit(at.sizes[j], start, width, at.inputs[j])
         module.jvp_saved(saved[j], None, E.reshape(width, *shape))
+        mixed = None  # each column's own products in part j's parameters, where a tie needs them
         if at.part == "gauss_newton":
             SE = module.gnvp_saved(saved[j], tiled[j])[1]
             cost.add("gnvp", j, width)
+        elif any(k < j for (i, _), others in at.shared.items() if i == j for k, _ in others):
+            mixed, SE = module.hvp_per_sample_saved(saved[j], tiled[j])
+            cost.add("hvp", j, width)
         else:
             SE = module.hvp_saved(saved[j], tiled[j], None)[1]
             cost.add("hvp", j, width)
@@ -410,23 +415,44 @@ class BoundedDiagonal:
             # the pairs (S e_c, e_c) of this half as one batch: S e_c first, e_c after
             down = self.arrays.cat([SE[h * half:(h + 1) * half],
                                     E[h * half:(h + 1) * half].reshape(half, *shape)])
+            held = {}  # a tied parameter's places below j: (J^T S e_c, J^T e_c) per column
             for k in range(j - 1, at.bottom - 1, -1):
                 ticked = time.perf_counter()
                 if at.chosen[k]:
                     grads, down = self.modules[k].vjp_per_sample_saved(saved[k], down)
-                    for i, name in enumerate(at.chosen[k]):
-                        term = (grads[name][:half] * grads[name][half:]).sum(0)
-                        totals[k][i] = term if totals[k][i] is None else totals[k][i] + term
+                    for name in at.chosen[k]:
+                        flat = grads[name].reshape(2 * half, -1)
+                        _add(totals, at, (k, name), (flat[:half] * flat[half:]).sum(0))
+                        if (k, name) in at.shared:
+                            held[k, name] = flat[:half], flat[half:]
                 else:
                     down = self.modules[k].vjp_saved(saved[k], down)[1]
                 cost.add("vjp", k, 2 * half)
                 if clock is not None:
                     clock.down[j][k] = clock.down[j].get(k, 0.0) + time.perf_counter() - ticked
+            self._crossed(at, j, held, mixed, slice(h * half, (h + 1) * half), totals)
             if at.to_input:  # the pairs have reached X
                 flat = down.reshape(2 * half, -1)
                 term = (flat[:half] * flat[half:]).sum(0)
                 value_X = term if value_X is None else value_X + term
         return value_X
+
+    def _crossed(self, at: Point, j: int, held: dict, mixed: dict | None, columns: slice,
+                 totals: list[list]) -> None:
+        """The terms between the places of a tied parameter, for the columns ``columns`` of
+        source part ``j``'s chunk: for two places ``p ≠ q`` below ``j``,
+        ``Σ_c (J_p^T S e_c) ∘ (J_q^T e_c)`` into ``p``'s total; for ``s`` in part ``j`` and
+        ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` into both. Summed over the
+        places, the totals then hold every block between them: ``Σ_{p,q} diag(H_pq)``."""
+        for place, (S_p, _) in held.items():
+            for other in at.shared[place]:
+                if other in held:
+                    _add(totals, at, place, (S_p * held[other][1]).sum(0))
+                elif other[0] == j:
+                    own = mixed[other[1]][columns]
+                    term = (own.reshape(own.shape[0], -1) * held[place][1]).sum(0)
+                    _add(totals, at, place, term)
+                    _add(totals, at, other, term)
 
     def _chunk_width(self, at: Point, sources: list[int], budget: int) -> tuple[int, int]:
         """The most columns per chunk whose work fits ``budget`` bytes, and the bytes that
@@ -508,6 +534,12 @@ class BoundedDiagonal:
                 slices.append(total / batch)
             values.append(self.arrays.cat(slices))
         return values
+
+
+def _add(totals: list[list], at: Point, place: tuple[int, str], term: Array) -> None:
+    """``term`` (flat) added into the total of ``place`` (``(part, name)``)."""
+    k, i = place[0], at.chosen[place[0]].index(place[1])
+    totals[k][i] = term if totals[k][i] is None else totals[k][i] + term
 
 
 def _at(measured: dict[int, int], units: int, budget: int) -> int:

@@ -35,8 +35,9 @@ class Point:
     constants (``layers``), its input (``inputs``, batch first) and the cotangent of its
     output per sample (``g``; None for the top part), the loss's ``target``, per part the
     names of its parameters asked (``chosen``) and the lowest part with one (``lowest``),
-    whether the input's block is asked (``to_input``), and the ``part`` of the Hessian
-    (``"full"`` or ``"gauss_newton"``)."""
+    whether the input's block is asked (``to_input``), the ``part`` of the Hessian
+    (``"full"`` or ``"gauss_newton"``), and for a parameter read in several places (``(part,
+    name)``, each of the same shape), each place → the others (``shared``)."""
 
     layers: list[dict]
     inputs: list[Array]
@@ -46,6 +47,7 @@ class Point:
     lowest: int
     to_input: bool
     part: str
+    shared: dict[tuple[int, str], list[tuple[int, str]]] = field(default_factory=dict)
     #: per part, the entries of one sample's input
     sizes: list[int] = field(init=False)
 

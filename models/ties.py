@@ -137,3 +137,35 @@ class Ties(Mapping[str, str]):
                 f"{what}: {tied[0]} is tied (read in several places); its {what} needs the "
                 f"blocks between those places: use loss_hessian(wrt={tied[0]!r}), or leave it "
                 f"out of wrt")
+
+
+def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]],
+                  chosen: list[list[str]], shapes: dict[str, tuple[int, ...]], part: str
+                  ) -> dict[tuple[int, str], list[tuple[int, str]]]:
+    """For ``groups`` (each a list of names of ``PARAMS`` that are one parameter read in
+    several places, every place of the same shape: a module's weight tied across parts, held
+    once per place), each place ``(part index, its name there)`` → the group's other places;
+    ValueError where a name is not a parameter asked, a group's shapes differ or two places
+    are in one part; NotImplementedError for a part of the Hessian other than ``"full"``."""
+    if not groups:
+        return {}
+    if part != "full":
+        raise NotImplementedError(
+            f"part: the {part!r} diagonal of a tied parameter ({groups[0][0]} with its other "
+            f"places) needs each sample's own products of that part at its places; part='full' "
+            f"is exact")
+    where = {key: (k, name) for k, keys in enumerate(part_keys) for name, key in keys.items()}
+    asked = {(k, name) for k, names in enumerate(chosen) for name in names}
+    shared = {}
+    for group in groups:
+        places = [where.get(key) for key in group]
+        if len(group) < 2 or any(p is None or p not in asked for p in places):
+            raise ValueError(f"shared: expected groups of two or more names of parameters "
+                             f"asked for, got {group!r}")
+        if len({shapes[key] for key in group}) > 1 or len({k for k, _ in places}) < len(places):
+            raise ValueError(f"shared: expected the places of one parameter, of one shape and "
+                             f"in different parts, got {group!r} (shapes "
+                             f"{[shapes[key] for key in group]})")
+        for place in places:
+            shared[place] = [other for other in places if other != place]
+    return shared

@@ -75,6 +75,9 @@ _GRADIENT: dict[str, str] = {}
 _PER_SAMPLE_GRADIENT: dict[str, str] = {}
 """Variable → the node of each sample's own loss gradient in it."""
 
+_PER_SAMPLE_JOINT_HVP: dict[str, str] = {}
+"""Parameter → the node of each sample's own joint Hessian-vector product in it."""
+
 _HVP: dict[str, str] = {}
 """Variable → the node of the Hessian-vector product in it."""
 

@@ -18,6 +18,7 @@ from ._module_names import (
     _JVP_NODE,
     _OUTPUT_NAME,
     _PER_SAMPLE_GRADIENT,
+    _PER_SAMPLE_JOINT_HVP,
     INPUT_SHAPE,
     PARAMS,
 )
@@ -183,6 +184,17 @@ def hvp_saved(saved, target, v_T=None, out=None):
         saved["_gradient"] = gradient
         saved["_gradient_shaped"] = _input_shaped(saved, _JOINT_GRADIENT_NODE)
     return (products, _input_shaped(saved, _JOINT_HVP.get("X")), saved["_gradient_shaped"])
+
+
+def hvp_per_sample_saved(saved, target):
+    """As ``hvp_saved`` (with no direction in the target), each sample's own products in the
+    parameters apart: a dict of parameter name → ``(B, *engine shape)``, and per sample
+    ``(H v)_X`` shaped as ``X`` (what a tied parameter's diagonal pairs, one copy of a sample
+    per column)."""
+    _release(saved, "per_sample_hvp_joint")  # an earlier direction's
+    _, in_X, _ = hvp_saved(saved, target)
+    _run(saved, "per_sample_hvp_joint")
+    return {name: saved[_PER_SAMPLE_JOINT_HVP[name]] for name, _ in PARAMS}, in_X
 
 
 def gnvp_saved(saved, target, out=None):

@@ -237,6 +237,18 @@ def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
     assert relative(torch.as_tensor(each_X), in_X) <= 1e-12
     for name, value in mean.items():
         assert relative(torch.as_tensor(each[name]).mean(0), value) <= 1e-12
+    # each sample's own HVP in the parameters: the HVP of that sample alone
+    v = {name: to_backend(backend, torch.randn(tuple(value.shape), generator=generator,
+                                               dtype=DTYPE)) for name, value in params.items()}
+    v_X = to_backend(backend, torch.randn(2, 3, 4, generator=generator, dtype=DTYPE))
+    module.jvp_saved(saved, v, v_X)
+    each, _ = module.hvp_per_sample_saved(saved, T)
+    each = {name: torch.as_tensor(value).clone() for name, value in each.items()}
+    for b in range(2):
+        _, alone = module.forward_saved(params, X[b:b + 1])
+        module.jvp_saved(alone, v, v_X[b:b + 1])
+        for name, value in module.hvp_saved(alone, T[b:b + 1])[0].items():
+            assert relative(each[name][b], torch.as_tensor(value)) <= 1e-12
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])

@@ -126,3 +126,29 @@ def test_blocks_over_the_token_part_of_a_chained_model_are_autograds():
     assert relative(c.diagonal(X, T, wrt=wrt[:1], use_cache=False),
                     Reference(module, X, T, "cross_entropy", wrt=wrt[:1],
                               use_cache=False).diagonal()) <= 1e-10
+
+
+def test_a_tied_tables_exact_diagonal_includes_the_blocks_between_its_places():
+    """GPT-2's head is its token table: the table's diagonal is ``Σ_{p,q} diag(H_pq)`` over
+    the two places it is read, the blocks between them included (double backward on unit
+    vectors, on the module itself)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=8, n_layer=1, n_head=2, n_positions=5, vocab_size=VOCABULARY,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    module = randomise(GPT2LMHeadModel(config).to(DTYPE).eval())
+    assert module.lm_head.weight is module.transformer.wte.weight
+    ids = torch.randint(0, VOCABULARY, (2, 5), generator=torch.Generator().manual_seed(6))
+    X, T = ids[:, :-1], ids[:, 1:]
+    c = curvgap.curvature(module, "cross_entropy")
+    expected = Reference(module, X, T, "cross_entropy", use_cache=False).diagonal()
+    assert relative(c.diagonal(X, T, use_cache=False), expected) <= 1e-10
+    assert c.diagonal_cost.route == "chunked"
+    table = c.layer_slices()["transformer.wte.weight"]
+    assert relative(c.diagonal(X, T, wrt="transformer.wte.weight", chunk=3, use_cache=False),
+                    expected[table]) <= 1e-10
+    assert abs(float(c.hessian_trace(X, T, use_cache=False)) - float(expected.sum())) \
+        <= 1e-10 * float(expected.abs().sum())
+    with pytest.raises(NotImplementedError, match=r"^part: the 'gauss_newton' diagonal of the "
+                                                  r"tied weight transformer\.wte\.weight"):
+        c.diagonal(X, T, part="gauss_newton", use_cache=False)
