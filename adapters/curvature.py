@@ -447,10 +447,11 @@ class Curvature:
         :meth:`curvgap.models.Chain.diagonal`); what it cost is kept in
         :attr:`diagonal_cost`. Its time and memory are estimated from its first chunks (said
         where it takes 5 s or more); past ``max_seconds`` it stops there with a
-        ``TimeoutError`` naming the estimate and the cheaper routes. A single layer's diagonal
-        is derived whole, or with ``max_memory``, ``chunk`` or ``max_seconds`` given a few
-        rows of each parameter at a time. A weight tied across parts (a language model's head
-        and token table) has its exact diagonal, the blocks between its places included
+        ``TimeoutError`` naming the estimate and the cheaper routes (the limit holds for each batch
+        of a loader, and for each of the two diagonals ``part="functional"`` takes). A single
+        layer's diagonal is derived whole, or with ``max_memory``, ``chunk`` or ``max_seconds``
+        given a few rows of each parameter at a time. A weight tied across parts (a language model's
+        head and token table) has its exact diagonal, the blocks between its places included
         (``part="full"``; the chunked route)."""
         X, T, traced, params = self._prepared(X, T, inputs)
         runner = traced.runner("blocks")

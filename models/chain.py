@@ -393,13 +393,14 @@ class Chain:
         route is then the chunked one); by default the most that ``max_memory`` holds. What it
         cost is kept in :attr:`diagonal_cost` (:class:`DiagonalCost`); a long run shows a
         progress bar over samples and chunks. Its time and memory are estimated from its first
-        chunks (and said where it takes 5 s or more): past ``max_seconds`` it stops there with
-        a ``TimeoutError`` that names the estimate and the cheaper routes. Exact needs the
-        columns: a diagonal from fewer than ``n`` products with a symmetric ``n × n`` matrix
-        is not determined (:mod:`curvgap.models.diagonal`). ``shared``: groups of names that
-        are one parameter read in several places (:func:`~curvgap.models.ties.shared_places`);
-        each place's entries then hold its share, and their sum over a group is that
-        parameter's diagonal, the blocks between its places included (the chunked route)."""
+        chunks (and said where it takes 5 s or more): past ``max_seconds`` (per batch) it
+        stops there with a ``TimeoutError`` that names the estimate and the cheaper routes.
+        Exact needs the columns: a diagonal from fewer than ``n`` products with a symmetric
+        matrix of size ``n`` is not determined (:mod:`curvgap.models.diagonal`). ``shared``:
+        groups of names that are one parameter read in several places
+        (:func:`~curvgap.models.ties.shared_places`); each place's entries then hold its share,
+        and their sum over a group is that parameter's diagonal, the blocks between its places
+        included (the chunked route)."""
         if shared and part != "full":
             shared_places(shared, [], [], {}, part)  # refused: not the full Hessian
         if part == "functional":

@@ -183,6 +183,7 @@ class BoundedDiagonal:
         #: what the last call cost (None before one)
         self.cost: DiagonalCost | None = None
         self._started = 0.0  # when the current call started (perf_counter)
+        self._spent = 0.0  # the seconds of its pieces that an estimate counts already
 
     def __call__(self, at: Point, budget: int, chunk: int | None,
                  max_seconds: float | None = None) -> tuple[list, Array | None]:
@@ -192,7 +193,7 @@ class BoundedDiagonal:
         ``TimeoutError`` before the rest of the work; the dense route over one part is a single
         step, so with ``max_seconds`` that part takes the chunked route (its first slices
         give the estimate)."""
-        self._started = time.perf_counter()
+        self._started, self._spent = time.perf_counter(), 0.0
         dense = self._dense_bytes(at)
         one_step = at.lowest == self.depth - 1
         if chunk is None and dense <= budget and (max_seconds is None or not one_step) \
@@ -212,14 +213,16 @@ class BoundedDiagonal:
 
     def _estimated(self, at: Point, seconds: float, max_seconds: float | None, how: str,
                    cheaper: str = "") -> None:
-        """Say the estimate of the call, ``seconds`` (from what ``how`` names), where it is
-        long, and stop past ``max_seconds``, naming the ``cheaper`` routes."""
+        """Say the estimate of the call, ``seconds`` (from what ``how`` names; the planning so
+        far is added), where it is long, and stop past ``max_seconds``, naming the ``cheaper``
+        routes."""
         cost = self.cost
-        seconds += time.perf_counter() - self._started  # the planning so far
+        seconds += self._planning()
         cost.estimated_seconds = seconds
         entries = (cost.samples * at.sizes[0] if at.to_input else
                    sum(int(np.prod(at.layers[k][name].shape))
-                       for k in range(self.depth) for name in at.chosen[k]))
+                       for k in range(self.depth) for name in at.chosen[k]
+                       if all(other < (k, name) for other in at.shared.get((k, name), ()))))
         what = (f"the exact diagonal of {entries} entries takes about {_duration(seconds)} "
                 f"here ({how}), holding about {size_text(cost.estimated_bytes)}")
         if max_seconds is not None and seconds > max_seconds:
@@ -231,6 +234,10 @@ class BoundedDiagonal:
                 f"hessian_operator), whose error falls as 1/√N; or a larger max_seconds")
         if seconds >= 5:
             say(what)
+
+    def _planning(self) -> float:
+        """The seconds since the call started, less the pieces already in the estimate."""
+        return time.perf_counter() - self._started - self._spent
 
     def _sample(self, k: int, layer: dict[str, Array], b: int, copies: int) -> dict:
         """Part ``k``'s parameters and constants for ``copies`` copies of sample ``b`` (the
@@ -281,7 +288,7 @@ class BoundedDiagonal:
                 H_XX = module.loss_hessian(*args, wrt="X", part=at.part)
                 M = H_XX if M is None else H_XX + J_X.swapaxes(1, 2) @ (M @ J_X)
             if k == top and k > at.lowest:
-                self._estimated(at, (time.perf_counter() - step) * (top - at.lowest + 1),
+                self._estimated(at, (time.perf_counter() - step) * (top - at.lowest),
                                 max_seconds, f"dense route over {cost.samples} sample(s), "
                                 f"estimated from its top part's step")
         if not at.to_input:
@@ -299,9 +306,7 @@ class BoundedDiagonal:
         sources = [j for j in range(top, at.bottom - 1, -1) if j > at.lowest or at.to_input]
         if at.part == "gauss_newton":
             sources = sources[:1] if sources and sources[0] == top else []
-        held = 0
-        if chunk is None:
-            chunk, held = self._chunk_width(at, sources, budget) if sources else (1, 0)
+        chunk, held = self._chunk_width(at, sources, budget, chunk) if sources else (1, 0)
         cost = DiagonalCost("chunked", batch, self.depth, chunk)
         self.cost = cost
         how = (f"chunked route: {batch * sum(at.sizes[j] for j in sources)} columns over "
@@ -320,21 +325,27 @@ class BoundedDiagonal:
                 saved = self._tiled_saved(at, b, 2 * chunk)
                 tiled = self._tiled_targets(at, b, 2 * chunk, sources)
                 value_X = None
-                # the first chunk of each source first (on sample 0, timed)
-                order = [(j, 0) for j in sources] + [
-                    (j, start) for j in sources
-                    for start in range(2 * chunk, at.sizes[j], 2 * chunk)]
+                # on sample 0 the first chunk of each source first (timed); else source by
+                # source, so that no source's tangents stay while others pass through it
+                order = [(j, start) for j in sources
+                         for start in range(2 * chunk if b == 0 else 0, at.sizes[j], 2 * chunk)]
+                order = [(j, 0) for j in sources] + order if b == 0 else order
                 for i, (j, start) in enumerate(order):
                     clock = timed if b == 0 and start == 0 else None
                     value_X = self._source_chunk(at, saved, tiled, j, start, 2 * chunk,
                                                  totals, value_X, cost, clock)
                     bar.update(1)
                     if b == 0 and i == len(sources) - 1:
-                        self._estimated(at, timed.seconds(at.bottom, sources), max_seconds,
-                                        how, self._cheaper(at, timed, sources))
                         # a source's tangents would stay while the chunks of the sources
                         # above it pass down through it: the forward values made again
+                        # (and none held by a refusal's traceback)
                         saved = None
+                        try:
+                            self._estimated(at, timed.seconds(at.bottom, sources),
+                                            max_seconds, how, self._cheaper(at, timed, sources))
+                        except TimeoutError:
+                            tiled = None
+                            raise
                         saved = self._tiled_saved(at, b, 2 * chunk)
                 if at.to_input:
                     diag_X.append(value_X)
@@ -351,15 +362,17 @@ class BoundedDiagonal:
 
     def _cheaper(self, at: Point, timed: _Timed, sources: list[int]) -> str:
         """The routes cheaper than this call, with their estimated times, as a phrase."""
-        routes = []
+        routes, planning = [], self._planning()
+        if at.shared:  # a tied weight: neither route is taken for it (a part, or a place)
+            return ""
         if at.part == "full" and len(sources) > 1:
-            gauss_newton = timed.seconds(at.bottom, sources[:1])
+            gauss_newton = timed.seconds(at.bottom, sources[:1]) + planning
             routes.append(f"part='gauss_newton' (the loss's curvature through the model "
                           f"only, about {_duration(gauss_newton)})")
         if not at.to_input:
             for k in range(at.lowest + 1, self.depth):
                 if any(at.chosen[i] for i in range(k, self.depth)):
-                    higher = timed.seconds(k, [j for j in sources if j > k])
+                    higher = timed.seconds(k, [j for j in sources if j > k]) + planning
                     routes.append(f"wrt= the parameters of {self.prefixes[k]} and the parts "
                                   f"above it only (about {_duration(higher)})")
                     break
@@ -410,6 +423,7 @@ class BoundedDiagonal:
         cost.chunks += 1
         if clock is not None:
             clock.source[j], clock.down[j] = time.perf_counter() - ticked, {}
+            self._spent += clock.source[j]
         half = width // 2
         for h in range(2):
             # the pairs (S e_c, e_c) of this half as one batch: S e_c first, e_c after
@@ -430,6 +444,7 @@ class BoundedDiagonal:
                 cost.add("vjp", k, 2 * half)
                 if clock is not None:
                     clock.down[j][k] = clock.down[j].get(k, 0.0) + time.perf_counter() - ticked
+                    self._spent += time.perf_counter() - ticked
             self._crossed(at, j, held, mixed, slice(h * half, (h + 1) * half), totals)
             if at.to_input:  # the pairs have reached X
                 flat = down.reshape(2 * half, -1)
@@ -454,9 +469,10 @@ class BoundedDiagonal:
                     _add(totals, at, place, term)
                     _add(totals, at, other, term)
 
-    def _chunk_width(self, at: Point, sources: list[int], budget: int) -> tuple[int, int]:
-        """The most columns per chunk whose work fits ``budget`` bytes, and the bytes that
-        work holds (estimated): the most bytes held at once
+    def _chunk_width(self, at: Point, sources: list[int], budget: int, chunk: int | None
+                     ) -> tuple[int, int]:
+        """The most columns per chunk whose work fits ``budget`` bytes (or ``chunk``, given),
+        and the bytes that work holds (estimated): the most bytes held at once
         (:func:`~curvgap.models.memory.peak_bytes`) by one sample's copies and one chunk of
         each source, measured on the first sample (:func:`most_that_fit`)."""
 
@@ -474,6 +490,8 @@ class BoundedDiagonal:
             measured[width] = peak_bytes(partial(one_sample, width), self.backend)
             return measured[width]
 
+        if chunk is not None:
+            return chunk, held(chunk)
         one = held(1)
         if one > budget:
             raise ValueError(f"max_memory: expected at least {one} bytes (one column's work "
@@ -510,6 +528,7 @@ class BoundedDiagonal:
             ticked = time.perf_counter()
             value = module.diagonal_rows(first, X[:1], against[:1], name, 0, step, at.part)
             seconds = time.perf_counter() - ticked
+            self._spent += seconds
             plan.append((rows, step, value, seconds, _at(measured, step, budget)))
             timed.own[k] = timed.own.get(k, 0.0) + seconds * batch * -(-rows // step)
         return plan

@@ -162,10 +162,14 @@ def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]
         if len(group) < 2 or any(p is None or p not in asked for p in places):
             raise ValueError(f"shared: expected groups of two or more names of parameters "
                              f"asked for, got {group!r}")
-        if len({shapes[key] for key in group}) > 1 or len({k for k, _ in places}) < len(places):
-            raise ValueError(f"shared: expected the places of one parameter, of one shape and "
-                             f"in different parts, got {group!r} (shapes "
-                             f"{[shapes[key] for key in group]})")
+        if len({shapes[key] for key in group}) > 1:
+            raise ValueError(f"shared: expected the places of one parameter, of one shape, got "
+                             f"{group!r} (shapes {[shapes[key] for key in group]})")
+        if len({k for k, _ in places}) < len(places):
+            raise NotImplementedError(
+                f"diagonal: {group[0]} is read in several places of one part; its diagonal "
+                f"needs the blocks between those places inside the part: use "
+                f"loss_hessian(wrt={group[0]!r}), or leave it out of wrt")
         for place in places:
             shared[place] = [other for other in places if other != place]
     return shared

@@ -81,7 +81,7 @@ def jvp_saved(saved, v=None, v_X=None, keep_inner=True):
     as ``X`` (None: zero). Products along an earlier direction are dropped.
     ``keep_inner=False`` drops the tangents of the inner nodes once ``dZ`` is made: then
     ``vjp_saved`` still runs (it reads none of them), ``hvp_saved`` and ``gnvp_saved`` not."""
-    for group in ("jvp", "hvp_joint", "gnvp_joint"):
+    for group in ("jvp", "hvp_joint", "per_sample_hvp_joint", "gnvp_joint"):
         _release(saved, group)
     v = {} if v is None else v
     unknown = sorted(set(v) - {name for name, _ in PARAMS})

@@ -328,3 +328,30 @@ def test_a_modules_diagonal_and_trace_take_a_time_limit():
         layer.diagonal(inputs["X"], T, max_seconds=1e-9)
     with pytest.raises(ValueError, match=r"max_seconds: expected a finite number of seconds"):
         layer.diagonal(inputs["X"], T, max_seconds=-1)
+
+
+@pytest.mark.parametrize("places", [["0.W_1", "1.W_1"], ["0.W_1", "1.W_1", "2.W_1"]],
+                         ids=["both below the top", "three places, one at the top"])
+def test_a_weight_read_in_several_parts_sums_every_block_between_its_places(places):
+    """One weight read by several parts (``shared``): the sum of its places' entries is
+    ``Σ_{p,q} diag(H_pq)`` over those places, read off the loss Hessian (block
+    backpropagation, the dense route) with the weight's value at each place."""
+    stack, params, X, T = _stack()
+    for place in places[1:]:
+        params[place] = params[places[0]].clone()
+    wrt = sorted([*places, "2.gamma_1"], key=list(params).index)
+    H = stack.loss_hessian(params, X, T, wrt=wrt)
+    n, starts = params[places[0]].numel(), {}
+    for name in wrt:
+        starts[name] = sum(params[w].numel() for w in wrt[:wrt.index(name)])
+    expected = sum(H[starts[p]:starts[p] + n, starts[q]:starts[q] + n].diagonal()
+                   for p in places for q in places)
+    for chunk in (None, 1):
+        got = stack.diagonal(params, X, T, wrt=wrt, shared=[places], chunk=chunk)
+        assert stack.diagonal_cost.route == "chunked"
+        assert relative(sum(got[starts[p]:starts[p] + n] for p in places), expected) <= 1e-10
+        gamma = slice(starts["2.gamma_1"], starts["2.gamma_1"] + 4)
+        assert relative(got[gamma], H.diagonal()[gamma]) <= 1e-10
+    with pytest.raises(NotImplementedError, match=r"^part: the 'gauss_newton' diagonal of a "
+                                                  r"tied parameter"):
+        stack.diagonal(params, X, T, wrt=wrt, shared=[places], part="gauss_newton")
