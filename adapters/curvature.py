@@ -451,8 +451,8 @@ class Curvature:
         of a loader, and for each of the two diagonals ``part="functional"`` takes). A single
         layer's diagonal is derived whole, or with ``max_memory``, ``chunk`` or ``max_seconds``
         given a few rows of each parameter at a time. A weight tied across parts (a language model's
-        head and token table) has its exact diagonal, the blocks between its places included
-        (``part="full"``; the chunked route)."""
+        head and token table) has its exact diagonal, the blocks between its places included (the
+        chunked route)."""
         X, T, traced, params = self._prepared(X, T, inputs)
         runner = traced.runner("blocks")
         given = {"max_memory": max_memory, "chunk": chunk, "max_seconds": max_seconds}
@@ -469,11 +469,6 @@ class Curvature:
             tied = [list(ours) for _, ours, _ in pieces if len(ours) > 1]
             if tied and not isinstance(runner, Chain):  # read twice in one part
                 refuse_tied(pieces, "diagonal")
-            if tied and part != "full":
-                name = next(name for name, ours, _ in pieces if len(ours) > 1)
-                raise NotImplementedError(
-                    f"part: the {part!r} diagonal of the tied weight {name} needs each "
-                    f"sample's own {part} products where it is read; part='full' is exact")
             shared = {"shared": tied} if tied else {}
             value = self._mean(spread(runner.diagonal(params, X, T, wrt=used, part=part,
                                                       **bounds, **shared), pieces, used), T)

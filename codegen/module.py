@@ -33,6 +33,8 @@ _PURPOSES = (
     ("second_", "second derivatives ∂²Z/∂{0}∂{1}"),
     ("hvp_joint", "the Hessian-vector product along one direction in every variable"),
     ("per_sample_hvp_joint", "each sample's own Hessian-vector product in the parameters"),
+    ("per_sample_gnvp_joint", "each sample's own Gauss–Newton-vector product in the "
+     "parameters"),
     ("gnvp_joint", "the Gauss–Newton-vector product along one direction in every variable"),
     ("gnvp_params", "Gauss–Newton-vector products in the parameters"),
     ("kronecker_gauss_newton_", "the Kronecker factors of the Gauss–Newton block ({0}, {1})"),
@@ -158,6 +160,7 @@ def module_context(der: Derivation, backend: Any) -> dict[str, Any]:
         directions=der.nodes("hvp", key="direction"),
         jvp=der.nodes("jvp")[()], joint_hvp=der.nodes("hvp_joint"),
         per_sample_joint_hvp=der.nodes("per_sample_hvp_joint"),
+        per_sample_joint_gnvp=der.nodes("per_sample_gnvp_joint"),
         joint_gradient=der.nodes("joint_gradient").get("X", ""),
         input_varies=der.input_varies,
         joint_directions=der.nodes("hvp_joint", key="direction"),

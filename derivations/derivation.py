@@ -36,8 +36,8 @@ derives, as groups of index-form assignments (each group becomes one generated f
 ``hvp_joint``               the Hessian over every variable (``X`` and the parameters) times
                             one joint direction ``u`` (and the input's gradient): the pieces
                             a chain of modules needs;
-``per_sample_hvp_joint``    its products in the parameters, each sample's own,
-                            ``(B, *shape(V))`` (the pairs of a tied parameter's diagonal).
+``per_sample_hvp_joint``,   its (and ``gnvp_joint``'s) products in the parameters, each
+``per_sample_gnvp_joint``   sample's own, ``(B, *shape(V))`` (a tied parameter's diagonal).
 
 Row-major reshapes of these arrays are the paper's ``vec_r`` numerator layout.
 """
@@ -439,12 +439,14 @@ def _gauss_newton_products(der: Derivation, adjoints: dict[str, Expr],
     backward = g.in_group("loss") + g.in_group("loss_adjoints") + g.in_group("adjoints")
 
     def transposed(moving: calculus.Tangents, label: str, variables: list[Tensor],
-                   kind: str) -> None:
+                   kind: str) -> dict[str, Expr]:
         calculus.propagate(g, backward, moving, label)
+        products = {}
         for var in variables:
-            product = calculus.differentiate(g, adjoints[var.name], moving)
+            products[var.name] = calculus.differentiate(g, adjoints[var.name], moving)
             der.add(kind, (var.name,), g.output(
-                f"{kind}_{var.name}", product, mean_over_batch=var is not der.X))
+                f"{kind}_{var.name}", products[var.name], mean_over_batch=var is not der.X))
+        return products
 
     if der.params:
         # the network's adjoints are not read: their tangents are linear in dg_Z alone
@@ -457,8 +459,13 @@ def _gauss_newton_products(der: Derivation, adjoints: dict[str, Expr],
             moving = calculus.Tangents((), {der.output.name: tangents.of(der.output)})
             transposed(moving, "gn", der.params, "gnvp_params")
     with der.add_group("gnvp_joint", ("jvp", "loss_adjoints")):
-        transposed(calculus.Tangents((), {der.output.name: output_tangent}), "n",
-                   der.variables, "gnvp_joint")
+        products = transposed(calculus.Tangents((), {der.output.name: output_tangent}), "n",
+                              der.variables, "gnvp_joint")
+    if der.params:  # each sample's own products in the parameters (a tied diagonal's pairs)
+        with der.add_group("per_sample_gnvp_joint", ("gnvp_joint",)):
+            for var in der.params:
+                der.add("per_sample_gnvp_joint", (var.name,), g.output(
+                    f"per_sample_gnvp_joint_{var.name}", products[var.name]))
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

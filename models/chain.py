@@ -401,13 +401,11 @@ class Chain:
         (:func:`~curvgap.models.ties.shared_places`); each place's entries then hold its share,
         and their sum over a group is that parameter's diagonal, the blocks between its places
         included (the chunked route)."""
-        if shared and part != "full":
-            shared_places(shared, [], [], {}, part)  # refused: not the full Hessian
         if part == "functional":
             return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk,
-                                  max_seconds=max_seconds)
+                                  max_seconds=max_seconds, shared=shared)
                     - self.diagonal(params, X, target, wrt, "gauss_newton", max_memory, chunk,
-                                    max_seconds))
+                                    max_seconds, shared))
         if self.checks._check_part(part) == "functional":
             raise ValueError("part: expected 'full' or 'gauss_newton' here (the functional "
                              "part is their difference), got 'functional'")
@@ -421,7 +419,7 @@ class Chain:
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
         places = shared_places(shared, self.part_keys, chosen,
-                               {key: tuple(value.shape) for key, value in params.items()}, part)
+                               {key: tuple(value.shape) for key, value in params.items()})
         pieces, diag_X = self._bounded(Point(layers, inputs, g, target, chosen, lowest,
                                              to_input, part, places), budget, chunk, max_seconds)
         if to_input:

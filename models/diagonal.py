@@ -363,13 +363,11 @@ class BoundedDiagonal:
     def _cheaper(self, at: Point, timed: _Timed, sources: list[int]) -> str:
         """The routes cheaper than this call, with their estimated times, as a phrase."""
         routes, planning = [], self._planning()
-        if at.shared:  # a tied weight: neither route is taken for it (a part, or a place)
-            return ""
         if at.part == "full" and len(sources) > 1:
             gauss_newton = timed.seconds(at.bottom, sources[:1]) + planning
             routes.append(f"part='gauss_newton' (the loss's curvature through the model "
                           f"only, about {_duration(gauss_newton)})")
-        if not at.to_input:
+        if not at.to_input and not at.shared:  # (a tied weight's places are asked together)
             for k in range(at.lowest + 1, self.depth):
                 if any(at.chosen[i] for i in range(k, self.depth)):
                     higher = timed.seconds(k, [j for j in sources if j > k]) + planning
@@ -408,15 +406,21 @@ class BoundedDiagonal:
         ticked = time.perf_counter()
         E = self.arrays.unit(at.sizes[j], start, width, at.inputs[j])
         module.jvp_saved(saved[j], None, E.reshape(width, *shape))
-        mixed = None  # each column's own products in part j's parameters, where a tie needs them
+        # each column's own products in part j's parameters, where a tie needs them
+        crossed = any(k < j for (i, _), others in at.shared.items() if i == j
+                      for k, _ in others)
+        mixed = None
         if at.part == "gauss_newton":
-            SE = module.gnvp_saved(saved[j], tiled[j])[1]
+            if crossed:
+                mixed, SE = module.gnvp_per_sample_saved(saved[j], tiled[j])
+            else:
+                SE = module.gnvp_saved(saved[j], tiled[j])[1]
             cost.add("gnvp", j, width)
-        elif any(k < j for (i, _), others in at.shared.items() if i == j for k, _ in others):
-            mixed, SE = module.hvp_per_sample_saved(saved[j], tiled[j])
-            cost.add("hvp", j, width)
         else:
-            SE = module.hvp_saved(saved[j], tiled[j], None)[1]
+            if crossed:
+                mixed, SE = module.hvp_per_sample_saved(saved[j], tiled[j])
+            else:
+                SE = module.hvp_saved(saved[j], tiled[j], None)[1]
             cost.add("hvp", j, width)
         cost.add("jvp", j, width)
         cost.columns += min(width, at.sizes[j] - start)
@@ -457,7 +461,8 @@ class BoundedDiagonal:
         """The terms between the places of a tied parameter, for the columns ``columns`` of
         source part ``j``'s chunk: for two places ``p ≠ q`` below ``j``,
         ``Σ_c (J_p^T S e_c) ∘ (J_q^T e_c)`` into ``p``'s total; for ``s`` in part ``j`` and
-        ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` into both. Summed over the
+        ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` into both (its Gauss–Newton
+        part for ``part="gauss_newton"``). Summed over the
         places, the totals then hold every block between them: ``Σ_{p,q} diag(H_pq)``."""
         for place, (S_p, _) in held.items():
             for other in at.shared[place]:

@@ -140,20 +140,15 @@ class Ties(Mapping[str, str]):
 
 
 def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]],
-                  chosen: list[list[str]], shapes: dict[str, tuple[int, ...]], part: str
+                  chosen: list[list[str]], shapes: dict[str, tuple[int, ...]]
                   ) -> dict[tuple[int, str], list[tuple[int, str]]]:
     """For ``groups`` (each a list of names of ``PARAMS`` that are one parameter read in
     several places, every place of the same shape: a module's weight tied across parts, held
     once per place), each place ``(part index, its name there)`` → the group's other places;
-    ValueError where a name is not a parameter asked, a group's shapes differ or two places
-    are in one part; NotImplementedError for a part of the Hessian other than ``"full"``."""
+    ValueError where a name is not a parameter asked or a group's shapes differ;
+    NotImplementedError where two places are in one part."""
     if not groups:
         return {}
-    if part != "full":
-        raise NotImplementedError(
-            f"part: the {part!r} diagonal of a tied parameter ({groups[0][0]} with its other "
-            f"places) needs each sample's own products of that part at its places; part='full' "
-            f"is exact")
     where = {key: (k, name) for k, keys in enumerate(part_keys) for name, key in keys.items()}
     asked = {(k, name) for k, names in enumerate(chosen) for name in names}
     shared = {}

@@ -78,6 +78,9 @@ _PER_SAMPLE_GRADIENT: dict[str, str] = {}
 _PER_SAMPLE_JOINT_HVP: dict[str, str] = {}
 """Parameter → the node of each sample's own joint Hessian-vector product in it."""
 
+_PER_SAMPLE_JOINT_GNVP: dict[str, str] = {}
+"""Parameter → the node of each sample's own joint Gauss–Newton-vector product in it."""
+
 _HVP: dict[str, str] = {}
 """Variable → the node of the Hessian-vector product in it."""
 

@@ -18,6 +18,7 @@ from ._module_names import (
     _JVP_NODE,
     _OUTPUT_NAME,
     _PER_SAMPLE_GRADIENT,
+    _PER_SAMPLE_JOINT_GNVP,
     _PER_SAMPLE_JOINT_HVP,
     INPUT_SHAPE,
     PARAMS,
@@ -81,7 +82,8 @@ def jvp_saved(saved, v=None, v_X=None, keep_inner=True):
     as ``X`` (None: zero). Products along an earlier direction are dropped.
     ``keep_inner=False`` drops the tangents of the inner nodes once ``dZ`` is made: then
     ``vjp_saved`` still runs (it reads none of them), ``hvp_saved`` and ``gnvp_saved`` not."""
-    for group in ("jvp", "hvp_joint", "per_sample_hvp_joint", "gnvp_joint"):
+    for group in ("jvp", "hvp_joint", "per_sample_hvp_joint", "gnvp_joint",
+                  "per_sample_gnvp_joint"):
         _release(saved, group)
     v = {} if v is None else v
     unknown = sorted(set(v) - {name for name, _ in PARAMS})
@@ -207,3 +209,13 @@ def gnvp_saved(saved, target, out=None):
     _saved_target(saved, target)
     products = _run_into(saved, "gnvp_joint", _JOINT_GNVP, out)
     return products, _input_shaped(saved, _JOINT_GNVP.get("X"))
+
+
+def gnvp_per_sample_saved(saved, target):
+    """As ``gnvp_saved``, each sample's own products in the parameters apart: a dict of
+    parameter name → ``(B, *engine shape)``, and per sample the product in the input, shaped
+    as ``X``."""
+    _release(saved, "per_sample_gnvp_joint")  # an earlier direction's
+    _, in_X = gnvp_saved(saved, target)
+    _run(saved, "per_sample_gnvp_joint")
+    return {name: saved[_PER_SAMPLE_JOINT_GNVP[name]] for name, _ in PARAMS}, in_X

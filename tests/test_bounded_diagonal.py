@@ -241,14 +241,15 @@ def test_rows_and_per_sample_gradients_agree_with_the_module(backend):
     v = {name: to_backend(backend, torch.randn(tuple(value.shape), generator=generator,
                                                dtype=DTYPE)) for name, value in params.items()}
     v_X = to_backend(backend, torch.randn(2, 3, 4, generator=generator, dtype=DTYPE))
-    module.jvp_saved(saved, v, v_X)
-    each, _ = module.hvp_per_sample_saved(saved, T)
-    each = {name: torch.as_tensor(value).clone() for name, value in each.items()}
-    for b in range(2):
-        _, alone = module.forward_saved(params, X[b:b + 1])
-        module.jvp_saved(alone, v, v_X[b:b + 1])
-        for name, value in module.hvp_saved(alone, T[b:b + 1])[0].items():
-            assert relative(each[name][b], torch.as_tensor(value)) <= 1e-12
+    for kind in ("hvp", "gnvp"):  # and each sample's own Gauss–Newton product
+        module.jvp_saved(saved, v, v_X)
+        each, _ = getattr(module, f"{kind}_per_sample_saved")(saved, T)
+        each = {name: torch.as_tensor(value).clone() for name, value in each.items()}
+        for b in range(2):
+            _, alone = module.forward_saved(params, X[b:b + 1])
+            module.jvp_saved(alone, v, v_X[b:b + 1])
+            for name, value in getattr(module, f"{kind}_saved")(alone, T[b:b + 1])[0].items():
+                assert relative(each[name][b], torch.as_tensor(value)) <= 1e-12
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("numpy", marks=pytest.mark.slow)])
@@ -335,7 +336,8 @@ def test_a_modules_diagonal_and_trace_take_a_time_limit():
 def test_a_weight_read_in_several_parts_sums_every_block_between_its_places(places):
     """One weight read by several parts (``shared``): the sum of its places' entries is
     ``Σ_{p,q} diag(H_pq)`` over those places, read off the loss Hessian (block
-    backpropagation, the dense route) with the weight's value at each place."""
+    backpropagation, the dense route) with the weight's value at each place; the
+    Gauss–Newton part's alike."""
     stack, params, X, T = _stack()
     for place in places[1:]:
         params[place] = params[places[0]].clone()
@@ -352,6 +354,8 @@ def test_a_weight_read_in_several_parts_sums_every_block_between_its_places(plac
         assert relative(sum(got[starts[p]:starts[p] + n] for p in places), expected) <= 1e-10
         gamma = slice(starts["2.gamma_1"], starts["2.gamma_1"] + 4)
         assert relative(got[gamma], H.diagonal()[gamma]) <= 1e-10
-    with pytest.raises(NotImplementedError, match=r"^part: the 'gauss_newton' diagonal of a "
-                                                  r"tied parameter"):
-        stack.diagonal(params, X, T, wrt=wrt, shared=[places], part="gauss_newton")
+    H = stack.loss_hessian(params, X, T, wrt=wrt, part="gauss_newton")
+    got = stack.diagonal(params, X, T, wrt=wrt, shared=[places], part="gauss_newton")
+    assert relative(sum(got[starts[p]:starts[p] + n] for p in places),
+                    sum(H[starts[p]:starts[p] + n, starts[q]:starts[q] + n].diagonal()
+                        for p in places for q in places)) <= 1e-10
