@@ -470,18 +470,8 @@ class Curvature:
             if tied and not isinstance(runner, Chain):  # read twice in one part
                 refuse_tied(pieces, "diagonal")
             shared = {"shared": tied} if tied else {}
-            try:
-                value = runner.diagonal(params, X, T, wrt=used, part=part, **bounds, **shared)
-            except NotImplementedError as error:  # read twice in one part: named as the module's
-                if "places of one part" not in str(error):
-                    raise
-                runner_name = str(error).split()[1]  # "diagonal: <name> is read ..."
-                name = next(name for name, ours, _ in pieces if runner_name in ours)
-                raise NotImplementedError(
-                    f"diagonal: {name} is a tied weight read twice in one part of the model; "
-                    f"its diagonal needs the blocks between those places: use "
-                    f"loss_hessian(wrt={name!r}), or leave it out of wrt") from None
-            value = self._mean(spread(value, pieces, used), T)
+            value = self._mean(spread(runner.diagonal(params, X, T, wrt=used, part=part,
+                                                      **bounds, **shared), pieces, used), T)
         self.diagonal_cost = runner.diagonal_cost if isinstance(runner, Chain) else None
         return value
 
