@@ -19,7 +19,7 @@ import curvgap
 QUICK = ("TransformerEncoderLayer padding mask", "GPT2Model attention_mask",
          "LlamaDecoderLayer", "GPT2LMHeadModel input_ids",
          "timm ViT class_token=False global_pool=avg", "timm CaiT class attention")
-#: Families whose Hessian diagonal is checked in the default run too (a tied weight's refusal
+#: Families whose Hessian diagonal is checked in the default run too (a tied weight's
 #: among them; CaiT's class-attention part takes 40 s to generate its second derivatives).
 QUICK_DIAGONAL = ("GPT2LMHeadModel input_ids", "timm ViT class_token=False global_pool=avg")
 #: Families whose whole loss Hessian is checked in the default run too.
