@@ -400,7 +400,7 @@ class Chain:
         groups of names that are one parameter read in several places
         (:func:`~curvgap.models.ties.shared_places`); each place's entries then hold its share,
         and their sum over a group is that parameter's diagonal, the blocks between its places
-        included (the chunked route)."""
+        included (the chunked route); this chain's own ties are folded so alike."""
         if part == "functional":
             return (self.diagonal(params, X, target, wrt, max_memory=max_memory, chunk=chunk,
                                   max_seconds=max_seconds, shared=shared)
@@ -412,20 +412,22 @@ class Chain:
         budget = bounds(max_memory, chunk, max_seconds)
         to_input = self._to_input(wrt)
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
-        self.ties.refuse(self._keys(chosen), "diagonal")
+        keys = self._keys(chosen)
+        groups = [*(shared or []), *self.ties.groups(keys)]  # with this chain's own ties
         like = X
         params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)
         inputs, g = self._cotangents(layers, X, target)
         lowest = 0 if to_input else min(k for k, names in enumerate(chosen) if names)
-        places = shared_places(shared, self.part_keys, chosen,
-                               {key: tuple(value.shape) for key, value in params.items()})
+        shapes = {key: tuple(value.shape) for key, value in self.ties.untie(params).items()}
+        places = shared_places(groups, self.part_keys, chosen, shapes,
+                               self.ties.layouts(keys, shapes))
         pieces, diag_X = self._bounded(Point(layers, inputs, g, target, chosen, lowest,
-                                             to_input, part, places), budget, chunk, max_seconds)
+                                             to_input, part, *places), budget, chunk, max_seconds)
         if to_input:
             return self.arrays.cast(diag_X, like)
-        return self.arrays.cast(self.arrays.cat([pieces[k] for k in range(lowest, self.depth)
-                                                 if chosen[k]]), like)
+        flat = self.arrays.cat([pieces[k] for k in range(lowest, self.depth) if chosen[k]])
+        return self.arrays.cast(self.ties.folded_flat(self.arrays, flat, keys, shapes), like)
 
     def hessian_trace(self, params: dict[str, Array], X: Array, target: Array,
                       wrt: str | list[str] | None = None, part: str = "full",

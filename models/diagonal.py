@@ -441,8 +441,10 @@ class BoundedDiagonal:
                     for name in at.chosen[k]:
                         flat = grads[name].reshape(2 * half, -1)
                         _add(totals, at, (k, name), (flat[:half] * flat[half:]).sum(0))
-                        if (k, name) in at.shared:
-                            held[k, name] = flat[:half], flat[half:]
+                        if (k, name) in at.shared:  # in its group's first place's layout
+                            index = at.homes[k, name][1]
+                            held[k, name] = ((flat[:half], flat[half:]) if index is None else
+                                             (flat[:half, index], flat[half:, index]))
                 else:
                     down = self.modules[k].vjp_saved(saved[k], down)[1]
                 cost.add("vjp", k, 2 * half)
@@ -461,18 +463,21 @@ class BoundedDiagonal:
         """The terms between the places of a tied parameter, for the columns ``columns`` of
         source part ``j``'s chunk: for two places ``p ≠ q`` below ``j``,
         ``Σ_c (J_p^T S e_c) ∘ (J_q^T e_c)`` into ``p``'s total; for ``s`` in part ``j`` and
-        ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` into both (its Gauss–Newton
-        part for ``part="gauss_newton"``). Summed over the
-        places, the totals then hold every block between them: ``Σ_{p,q} diag(H_pq)``."""
+        ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` twice (its Gauss–Newton part
+        for ``part="gauss_newton"``), each in the layout of the group's first place and into
+        its total. Summed over the places (each read in that layout), the totals then hold
+        every block between them: ``Σ_{p,q} diag(H_pq)``."""
         for place, (S_p, _) in held.items():
+            home = at.homes[place][0]
             for other in at.shared[place]:
                 if other in held:
-                    _add(totals, at, place, (S_p * held[other][1]).sum(0))
+                    _add(totals, at, home, (S_p * held[other][1]).sum(0))
                 elif other[0] == j:
                     own = mixed[other[1]][columns]
-                    term = (own.reshape(own.shape[0], -1) * held[place][1]).sum(0)
-                    _add(totals, at, place, term)
-                    _add(totals, at, other, term)
+                    own = own.reshape(own.shape[0], -1)
+                    index = at.homes[other][1]
+                    own = own if index is None else own[:, index]
+                    _add(totals, at, home, 2 * (own * held[place][1]).sum(0))
 
     def _chunk_width(self, at: Point, sources: list[int], budget: int, chunk: int | None
                      ) -> tuple[int, int]:

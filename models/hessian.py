@@ -37,7 +37,8 @@ class Point:
     names of its parameters asked (``chosen``) and the lowest part with one (``lowest``),
     whether the input's block is asked (``to_input``), the ``part`` of the Hessian
     (``"full"`` or ``"gauss_newton"``), and for a parameter read in several places (``(part,
-    name)``, each of the same shape), each place → the others (``shared``)."""
+    name)``, each of its size), each place → the others (``shared``) and → its group's first
+    place with the index that reads its entries in that place's layout, or None (``homes``)."""
 
     layers: list[dict]
     inputs: list[Array]
@@ -48,6 +49,7 @@ class Point:
     to_input: bool
     part: str
     shared: dict[tuple[int, str], list[tuple[int, str]]] = field(default_factory=dict)
+    homes: dict[tuple[int, str], tuple] = field(default_factory=dict)
     #: per part, the entries of one sample's input
     sizes: list[int] = field(init=False)
 

@@ -128,43 +128,71 @@ class Ties(Mapping[str, str]):
             value = arrays.index_add(value, axis, index, n)
         return value
 
-    def refuse(self, names: list[str], what: str) -> None:
-        """NotImplementedError where ``what`` (a quantity without the blocks between a tied
-        parameter's places) is asked over a tied parameter among ``names``."""
-        tied = [self[n] for n in names if n in self]
-        if tied:
-            raise NotImplementedError(
-                f"{what}: {tied[0]} is tied (read in several places); its {what} needs the "
-                f"blocks between those places: use loss_hessian(wrt={tied[0]!r}), or leave it "
-                f"out of wrt")
+    def groups(self, names: list[str]) -> list[list[str]]:
+        """Each source among ``names`` with its tied parameters among them, source first."""
+        return [[source, *tied] for source in names
+                if (tied := [t for t, s in self.items() if s == source and t in names])]
+
+    def layouts(self, names: list[str], shapes: dict[str, tuple[int, ...]]
+                ) -> dict[str, np.ndarray]:
+        """For each transposed tied parameter among ``names`` (of ``shapes``), the index that
+        reads its ``vec_r`` in its source's layout."""
+        return {t: np.arange(int(np.prod(shapes[t]))).reshape(shapes[t]).T.reshape(-1)
+                for t in names if t in self.transposed}
+
+    def folded_flat(self, arrays: NumpyArrays | TorchArrays, flat: Array, names: list[str],
+                    shapes: dict[str, tuple[int, ...]]) -> Array:
+        """``flat`` (the entries of ``names``, in order) with each tied parameter's entries
+        added, in its source's layout, to its source's, and left out."""
+        if not any(n in self for n in names):
+            return flat
+        starts, offset = {}, 0
+        for name in names:
+            starts[name] = offset
+            offset += int(np.prod(shapes[name]))
+        pieces = {name: flat[starts[name]:starts[name] + int(np.prod(shapes[name]))]
+                  for name in names}
+        index = self.layouts(names, shapes)
+        for tied, source in self.items():
+            if tied in pieces:
+                value = pieces.pop(tied)
+                pieces[source] = pieces[source] + (value if tied not in index
+                                                   else value[index[tied]])
+        return arrays.cat(list(pieces.values()))
 
 
 def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]],
-                  chosen: list[list[str]], shapes: dict[str, tuple[int, ...]]
-                  ) -> dict[tuple[int, str], list[tuple[int, str]]]:
+                  chosen: list[list[str]], shapes: dict[str, tuple[int, ...]],
+                  layouts: dict[str, np.ndarray] | None = None) -> tuple[dict, dict]:
     """For ``groups`` (each a list of names of ``PARAMS`` that are one parameter read in
-    several places, every place of the same shape: a module's weight tied across parts, held
-    once per place), each place ``(part index, its name there)`` → the group's other places;
-    ValueError where a name is not a parameter asked or a group's shapes differ;
-    NotImplementedError where two places are in one part."""
+    several places, each place of the size of the group's first: a module's weight tied
+    across parts, held once per place, or a chain's tie), each place ``(part index, its name
+    there)`` → the group's other places, and → the group's first place with the index that
+    reads the place's entries (its ``vec_r``) in that first place's layout (``layouts`` of its
+    name; None: the same layout). ValueError where a name is not a parameter asked or a
+    group's shapes differ (read in the first place's layout); NotImplementedError where two
+    places are in one part."""
     if not groups:
-        return {}
+        return {}, {}
+    layouts = layouts or {}
     where = {key: (k, name) for k, keys in enumerate(part_keys) for name, key in keys.items()}
     asked = {(k, name) for k, names in enumerate(chosen) for name in names}
-    shared = {}
+    shared, homes = {}, {}
     for group in groups:
         places = [where.get(key) for key in group]
         if len(group) < 2 or any(p is None or p not in asked for p in places):
             raise ValueError(f"shared: expected groups of two or more names of parameters "
                              f"asked for, got {group!r}")
-        if len({shapes[key] for key in group}) > 1:
+        read = [shapes[key][::-1] if key in layouts else shapes[key] for key in group]
+        if len(set(read)) > 1:
             raise ValueError(f"shared: expected the places of one parameter, of one shape, got "
-                             f"{group!r} (shapes {[shapes[key] for key in group]})")
+                             f"{group!r} (shapes {read})")
         if len({k for k, _ in places}) < len(places):
             raise NotImplementedError(
                 f"diagonal: {group[0]} is read in several places of one part; its diagonal "
                 f"needs the blocks between those places inside the part: use "
                 f"loss_hessian(wrt={group[0]!r}), or leave it out of wrt")
-        for place in places:
+        for key, place in zip(group, places):
             shared[place] = [other for other in places if other != place]
-    return shared
+            homes[place] = places[0], layouts.get(key)
+    return shared, homes

@@ -329,7 +329,8 @@ def test_tied_parameters_equal_autograd(name, backend):
     """``tie_embeddings`` (``head.W_H`` is ``embedding.W_E`` transposed) and
     ``share_relative_bias`` (every block reads ``blocks.0.E_rel``): one parameter whose
     gradient, Hessian (with its cross blocks), Gauss–Newton part, products and Jacobian sum
-    its places; against autograd on the plain-PyTorch model that reads it in each place."""
+    its places, and whose diagonal holds the blocks between them; against autograd on the
+    plain-PyTorch model that reads it in each place."""
     model, params, X, T, source, other = _tied_case(name, backend)
     assert source in model.PARAMS and not set(model.ties) & set(model.PARAMS)
     flat = torch.cat([params[n].reshape(-1) for n in model.PARAMS])
@@ -382,8 +383,10 @@ def test_tied_parameters_equal_autograd(name, backend):
         lambda y: reference_loss(parts[-1][1], outputs(w, y[None])[0], t), x,
         create_graph=True).reshape(-1), flat) for x, t in zip(X, T)])
     assert relative(model.loss_hessian_mixed(P, Xb, Tb), H_Xt) <= 1e-10
-    with pytest.raises(NotImplementedError, match=rf"diagonal: {source} is tied"):
-        model.diagonal(P, Xb, Tb)
+    # the tied weight's diagonal: its places' blocks between them included
+    assert relative(model.diagonal(P, Xb, Tb), torch.diagonal(H)) <= 1e-10
+    assert relative(model.diagonal(P, Xb, Tb, part="gauss_newton"),
+                    torch.diagonal(gauss_newton)) <= 1e-10
     rest = [n for n in model.PARAMS if n != source]
     kept = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
                                    sum(sizes[:model.PARAMS.index(n) + 1])) for n in rest])
