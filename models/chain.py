@@ -413,7 +413,7 @@ class Chain:
         to_input = self._to_input(wrt)
         chosen = [[]] * self.depth if to_input else self._chosen(wrt)
         keys = self._keys(chosen)
-        groups = [*(shared or []), *self.ties.groups(keys)]  # with this chain's own ties
+        groups = self.ties.groups(keys, shared)  # with this chain's own ties
         like = X
         params, X, (target,) = self._widened(params, X, target)
         layers = self._layers(params)

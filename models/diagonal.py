@@ -462,7 +462,7 @@ class BoundedDiagonal:
                  totals: list[list]) -> None:
         """The terms between the places of a tied parameter, for the columns ``columns`` of
         source part ``j``'s chunk: for two places ``p ≠ q`` below ``j``,
-        ``Σ_c (J_p^T S e_c) ∘ (J_q^T e_c)`` into ``p``'s total; for ``s`` in part ``j`` and
+        ``Σ_c (J_p^T S e_c) ∘ (J_q^T e_c)``; for ``s`` in part ``j`` and
         ``q`` below it, ``Σ_c (∂²f_j/∂θ_s∂X e_c) ∘ (J_q^T e_c)`` twice (its Gauss–Newton part
         for ``part="gauss_newton"``), each in the layout of the group's first place and into
         its total. Summed over the places (each read in that layout), the totals then hold

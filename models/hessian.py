@@ -37,8 +37,9 @@ class Point:
     names of its parameters asked (``chosen``) and the lowest part with one (``lowest``),
     whether the input's block is asked (``to_input``), the ``part`` of the Hessian
     (``"full"`` or ``"gauss_newton"``), and for a parameter read in several places (``(part,
-    name)``, each of its size), each place → the others (``shared``) and → its group's first
-    place with the index that reads its entries in that place's layout, or None (``homes``)."""
+    name)``, of one shape, a transposed place read in its source's layout), each place → the
+    others (``shared``) and → its group's first place with the index that reads its entries
+    in that place's layout, or None (``homes``)."""
 
     layers: list[dict]
     inputs: list[Array]

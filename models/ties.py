@@ -128,10 +128,15 @@ class Ties(Mapping[str, str]):
             value = arrays.index_add(value, axis, index, n)
         return value
 
-    def groups(self, names: list[str]) -> list[list[str]]:
-        """Each source among ``names`` with its tied parameters among them, source first."""
-        return [[source, *tied] for source in names
-                if (tied := [t for t, s in self.items() if s == source and t in names])]
+    def groups(self, names: list[str], shared: list[list[str]] | None = None
+               ) -> list[list[str]]:
+        """The groups ``shared`` (ValueError where one names a tied parameter or a source),
+        then each source among ``names`` with its tied parameters among them, source first."""
+        if any(n in self or n in self.values() for group in shared or [] for n in group):
+            raise ValueError(f"shared: expected names outside the ties {dict(self)} (their "
+                             f"places are folded already), got {shared!r}")
+        return [*(shared or []), *([source, *tied] for source in names if (
+            tied := [t for t, s in self.items() if s == source and t in names]))]
 
     def layouts(self, names: list[str], shapes: dict[str, tuple[int, ...]]
                 ) -> dict[str, np.ndarray]:
@@ -165,13 +170,13 @@ def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]
                   chosen: list[list[str]], shapes: dict[str, tuple[int, ...]],
                   layouts: dict[str, np.ndarray] | None = None) -> tuple[dict, dict]:
     """For ``groups`` (each a list of names of ``PARAMS`` that are one parameter read in
-    several places, each place of the size of the group's first: a module's weight tied
-    across parts, held once per place, or a chain's tie), each place ``(part index, its name
-    there)`` → the group's other places, and → the group's first place with the index that
-    reads the place's entries (its ``vec_r``) in that first place's layout (``layouts`` of its
-    name; None: the same layout). ValueError where a name is not a parameter asked or a
-    group's shapes differ (read in the first place's layout); NotImplementedError where two
-    places are in one part."""
+    several places, its source first: a module's weight tied across parts, held once per
+    place, or a chain's tie), each place ``(part index, its name there)`` → the group's other
+    places, and → the group's first place with the index that reads the place's entries (its
+    ``vec_r``) in the source's layout (``layouts`` of its name, for a transposed place; None:
+    the same layout). ValueError where a name is not a parameter asked, is in two groups, or
+    a group's shapes differ (a transposed place's read reversed); NotImplementedError where
+    two places are in one part."""
     if not groups:
         return {}, {}
     layouts = layouts or {}
@@ -180,9 +185,9 @@ def shared_places(groups: list[list[str]] | None, part_keys: list[dict[str, str]
     shared, homes = {}, {}
     for group in groups:
         places = [where.get(key) for key in group]
-        if len(group) < 2 or any(p is None or p not in asked for p in places):
+        if len(group) < 2 or any(p is None or p not in asked or p in shared for p in places):
             raise ValueError(f"shared: expected groups of two or more names of parameters "
-                             f"asked for, got {group!r}")
+                             f"asked for, each in one group, got {group!r}")
         read = [shapes[key][::-1] if key in layouts else shapes[key] for key in group]
         if len(set(read)) > 1:
             raise ValueError(f"shared: expected the places of one parameter, of one shape, got "

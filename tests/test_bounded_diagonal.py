@@ -354,6 +354,10 @@ def test_a_weight_read_in_several_parts_sums_every_block_between_its_places(plac
         assert relative(sum(got[starts[p]:starts[p] + n] for p in places), expected) <= 1e-10
         gamma = slice(starts["2.gamma_1"], starts["2.gamma_1"] + 4)
         assert relative(got[gamma], H.diagonal()[gamma]) <= 1e-10
+    for bad in ([places, places[:2]], [places[:1]]):  # a name in two groups; a group of one
+        with pytest.raises(ValueError, match=r"^shared: expected groups of two or more names "
+                                             r"of parameters asked for, each in one group"):
+            stack.diagonal(params, X, T, wrt=wrt, shared=bad)
     H = stack.loss_hessian(params, X, T, wrt=wrt, part="gauss_newton")
     got = stack.diagonal(params, X, T, wrt=wrt, shared=[places], part="gauss_newton")
     assert relative(sum(got[starts[p]:starts[p] + n] for p in places),

@@ -387,6 +387,8 @@ def test_tied_parameters_equal_autograd(name, backend):
     assert relative(model.diagonal(P, Xb, Tb), torch.diagonal(H)) <= 1e-10
     assert relative(model.diagonal(P, Xb, Tb, part="gauss_newton"),
                     torch.diagonal(gauss_newton)) <= 1e-10
+    with pytest.raises(ValueError, match=r"^shared: expected names outside the ties"):
+        model.diagonal(P, Xb, Tb, shared=[[source, other]])
     rest = [n for n in model.PARAMS if n != source]
     kept = torch.cat([torch.arange(sum(sizes[:model.PARAMS.index(n)]),
                                    sum(sizes[:model.PARAMS.index(n) + 1])) for n in rest])
