@@ -418,11 +418,7 @@ def _joint_directions(der: Derivation, adjoints: dict[str, Expr]) -> None:
             der.add("hvp_joint", (var.name,), g.output(
                 f"hvp_joint_{var.name}", products[var.name], mean_over_batch=var is not der.X),
                 direction=inputs[var.name].name)
-    if der.params:  # each sample's own products in the parameters (a tied diagonal's pairs)
-        with der.add_group("per_sample_hvp_joint", ("hvp_joint",)):
-            for var in der.params:
-                der.add("per_sample_hvp_joint", (var.name,), g.output(
-                    f"per_sample_hvp_joint_{var.name}", products[var.name]))
+    _each_sample(der, "hvp_joint", products)
     return output_tangent
 
 
@@ -461,11 +457,18 @@ def _gauss_newton_products(der: Derivation, adjoints: dict[str, Expr],
     with der.add_group("gnvp_joint", ("jvp", "loss_adjoints")):
         products = transposed(calculus.Tangents((), {der.output.name: output_tangent}), "n",
                               der.variables, "gnvp_joint")
-    if der.params:  # each sample's own products in the parameters (a tied diagonal's pairs)
-        with der.add_group("per_sample_gnvp_joint", ("gnvp_joint",)):
-            for var in der.params:
-                der.add("per_sample_gnvp_joint", (var.name,), g.output(
-                    f"per_sample_gnvp_joint_{var.name}", products[var.name]))
+    _each_sample(der, "gnvp_joint", products)
+
+
+def _each_sample(der: Derivation, group: str, products: dict[str, Expr]) -> None:
+    """Group ``per_sample_<group>``: ``group``'s ``products`` in the parameters, each sample's
+    own, ``(B, *shape(V))`` (the pairs of a tied parameter's diagonal)."""
+    if not der.params:
+        return
+    with der.add_group(f"per_sample_{group}", (group,)):
+        for var in der.params:
+            der.add(f"per_sample_{group}", (var.name,), der.graph.output(
+                f"per_sample_{group}_{var.name}", products[var.name]))
 
 
 def _second_direction(g: Graph, first: calculus.Tangents, second: calculus.Tangents,

@@ -193,10 +193,15 @@ def hvp_per_sample_saved(saved, target):
     parameters apart: a dict of parameter name → ``(B, *engine shape)``, and per sample
     ``(H v)_X`` shaped as ``X`` (what a tied parameter's diagonal pairs, one copy of a sample
     per column)."""
-    _release(saved, "per_sample_hvp_joint")  # an earlier direction's
     _, in_X, _ = hvp_saved(saved, target)
-    _run(saved, "per_sample_hvp_joint")
-    return {name: saved[_PER_SAMPLE_JOINT_HVP[name]] for name, _ in PARAMS}, in_X
+    return _each_sample(saved, "per_sample_hvp_joint", _PER_SAMPLE_JOINT_HVP), in_X
+
+
+def _each_sample(saved, group, nodes):
+    """Run ``group``: its per-sample products, parameter name → ``(B, *engine shape)``."""
+    # once per direction and target: jvp_saved and a new target drop what it computed
+    _run(saved, group)
+    return {name: saved[nodes[name]] for name, _ in PARAMS}
 
 
 def gnvp_saved(saved, target, out=None):
@@ -215,7 +220,5 @@ def gnvp_per_sample_saved(saved, target):
     """As ``gnvp_saved``, each sample's own products in the parameters apart: a dict of
     parameter name → ``(B, *engine shape)``, and per sample the product in the input, shaped
     as ``X``."""
-    _release(saved, "per_sample_gnvp_joint")  # an earlier direction's
     _, in_X = gnvp_saved(saved, target)
-    _run(saved, "per_sample_gnvp_joint")
-    return {name: saved[_PER_SAMPLE_JOINT_GNVP[name]] for name, _ in PARAMS}, in_X
+    return _each_sample(saved, "per_sample_gnvp_joint", _PER_SAMPLE_JOINT_GNVP), in_X
